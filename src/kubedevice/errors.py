@@ -1,0 +1,87 @@
+"""The one exception tree of kubedevice; every error the package raises on purpose is here.
+
+::
+
+    KubeDeviceError
+    ├── ConfigError                  bad configuration or argument (permanent, never retried)
+    │   └── InvalidResourceNameError a resource name the kubelet would reject (contract §1.2)
+    ├── RegistrationError            Register with the kubelet failed (retryable)
+    ├── PluginServerError            a plugin's gRPC server could not bind/serve
+    ├── AllocationError              an Allocate / GetPreferredAllocation request is invalid
+    ├── EmulatorError                the kubelet emulator failed or refused an operation
+    │   ├── AdmissionError           a pod was rejected at admission (carries the reason)
+    │   └── CheckpointError          a checkpoint file is corrupt or foreign
+    └── ConformanceFailure           a conformance run found a MUST failure
+
+Library code raises these and never exits the process; only the CLI maps them to exit
+codes. Third-party errors are chained with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdmissionError",
+    "AllocationError",
+    "CheckpointError",
+    "ConfigError",
+    "ConformanceFailure",
+    "EmulatorError",
+    "InvalidResourceNameError",
+    "KubeDeviceError",
+    "PluginServerError",
+    "RegistrationError",
+]
+
+
+class KubeDeviceError(Exception):
+    """Base class of every error kubedevice raises on purpose."""
+
+
+class ConfigError(KubeDeviceError):
+    """A configuration file, option or argument is invalid. Permanent: never retried."""
+
+
+class InvalidResourceNameError(ConfigError):
+    """A resource name the kubelet would reject (contract §1.2)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"invalid resource name {name!r}: {reason}")
+
+
+class RegistrationError(KubeDeviceError):
+    """Registering with the kubelet failed; usually retried with backoff."""
+
+
+class PluginServerError(KubeDeviceError):
+    """A plugin's gRPC server could not be started or served."""
+
+
+class AllocationError(KubeDeviceError):
+    """An allocation request names unknown, unhealthy or duplicate devices, or is empty."""
+
+    def __init__(self, message: str, device_ids: tuple[str, ...] = ()) -> None:
+        self.device_ids = device_ids
+        super().__init__(message)
+
+
+class EmulatorError(KubeDeviceError):
+    """The kubelet emulator failed or refused an operation."""
+
+
+class AdmissionError(EmulatorError):
+    """A pod was rejected at admission, with the kubelet's reason and message."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{reason}: {message}")
+
+
+class CheckpointError(EmulatorError):
+    """A checkpoint file could not be read: corrupt, bad checksum, or foreign."""
+
+
+class ConformanceFailure(KubeDeviceError):
+    """A conformance run found at least one MUST failure."""
