@@ -10,7 +10,9 @@
     ├── AllocationError              an Allocate / GetPreferredAllocation request is invalid
     ├── EmulatorError                the kubelet emulator failed or refused an operation
     │   ├── AdmissionError           a pod was rejected at admission (carries the reason)
-    │   └── CheckpointError          a checkpoint file is corrupt or foreign
+    │   ├── CheckpointError          a checkpoint file is corrupt or foreign
+    │   ├── ManifestError            a pod manifest is malformed or fails API validation
+    │   └── PluginRpcError           an RPC the emulator issued to a plugin failed
     └── ConformanceFailure           a conformance run found a MUST failure
 
 Library code raises these and never exits the process; only the CLI maps them to exit
@@ -28,6 +30,8 @@ __all__ = [
     "EmulatorError",
     "InvalidResourceNameError",
     "KubeDeviceError",
+    "ManifestError",
+    "PluginRpcError",
     "PluginServerError",
     "RegistrationError",
 ]
@@ -81,6 +85,24 @@ class AdmissionError(EmulatorError):
 
 class CheckpointError(EmulatorError):
     """A checkpoint file could not be read: corrupt, bad checksum, or foreign."""
+
+
+class ManifestError(EmulatorError):
+    """A pod manifest is malformed, or the API server's validation would refuse it."""
+
+
+class PluginRpcError(EmulatorError):
+    """An RPC the emulator issued to a plugin failed; carries the gRPC status.
+
+    ``code`` is the gRPC status name (e.g. ``"INVALID_ARGUMENT"``), ``details`` its text.
+    """
+
+    def __init__(self, rpc: str, resource: str, code: str, details: str) -> None:
+        self.rpc = rpc
+        self.resource = resource
+        self.code = code
+        self.details = details
+        super().__init__(f"{rpc} on {resource}: {code}: {details}")
 
 
 class ConformanceFailure(KubeDeviceError):

@@ -1,7 +1,277 @@
-"""CLI subcommands (placeholder; filled in by the owning work item)."""
+"""`kubedevice kubelet` (run the emulator; `restart`), `kubedevice pod ...`, `kubedevice node`.
+
+Thin click layer: ``kubelet`` runs ``kubedevice.kubelet.Emulator`` in the foreground; the
+other commands talk to a running emulator over its control socket (derived from the
+device-plugin dir). Exit codes: 0 ok, 1 error (emulator unreachable, pod not found...),
+2 invalid manifest or usage, 3 pod rejected at admission.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
 import click
 
-COMMANDS: list[click.Command] = []
+from kubedevice._api import DEFAULT_DEVICE_PLUGIN_DIR, ENV_DEVICE_PLUGIN_DIR
+from kubedevice.errors import ManifestError
+from kubedevice.kubelet import Emulator
+from kubedevice.kubelet.control import call, control_socket_path
+from kubedevice.kubelet.pods import load_manifests
+
+__all__ = ["COMMANDS"]
+
+EXIT_ERROR = 1
+EXIT_MANIFEST = 2
+EXIT_REJECTED = 3
+
+_dir_option = click.option(
+    "--device-plugin-dir",
+    envvar=ENV_DEVICE_PLUGIN_DIR,
+    default=DEFAULT_DEVICE_PLUGIN_DIR,
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"Device plugin directory (env {ENV_DEVICE_PLUGIN_DIR}).",
+)
+_output_option = click.option(
+    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+
+
+def _request(device_plugin_dir: Path, req: dict[str, Any]) -> Any:
+    path = control_socket_path(device_plugin_dir)
+    try:
+        reply = call(path, req)
+    except (OSError, ValueError) as exc:
+        click.echo(f"error: cannot reach the emulator at {path}: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    if not reply.get("ok"):
+        err = reply.get("error") or {}
+        if err.get("type") == "AdmissionError":
+            click.echo(f"error: pod rejected: {err.get('reason')}: {err.get('message')}", err=True)
+            sys.exit(EXIT_REJECTED)
+        click.echo(f"error: {err.get('message')}", err=True)
+        sys.exit(EXIT_MANIFEST if err.get("type") == "ManifestError" else EXIT_ERROR)
+    return reply.get("result")
+
+
+def _table(rows: list[list[str]]) -> str:
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+# ---------------------------------------------------------------------------- kubelet
+
+
+@click.group("kubelet", invoke_without_command=True)
+@_dir_option
+@click.option(
+    "--grace-period",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds a disconnected resource is kept before removal.",
+)
+@click.option(
+    "--per-socket-clients",
+    is_flag=True,
+    help="Key plugin clients by (resource, socket) (kubernetes PR #135437) "
+    "instead of by resource name (released kubelets, kubernetes#121994).",
+)
+@click.option(
+    "--pod-resources-socket",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PodResources socket [default: DIR/../pod-resources/kubelet.sock].",
+)
+@click.pass_context
+def kubelet(
+    ctx: click.Context,
+    device_plugin_dir: Path,
+    grace_period: float,
+    per_socket_clients: bool,
+    pod_resources_socket: Path | None,
+) -> None:
+    """Run the kubelet device-manager emulator in the foreground."""
+    if ctx.invoked_subcommand is not None:
+        return
+    emu = Emulator(
+        device_plugin_dir,
+        grace_period_s=grace_period,
+        per_socket_clients=per_socket_clients,
+        pod_resources_socket=pod_resources_socket,
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await emu.start()
+        for problem in emu.checkpoint_errors:
+            click.echo(f"warning: checkpoint: {problem}", err=True)
+        click.echo(
+            f"kubelet emulator serving {emu.kubelet_socket} "
+            f"(control {emu.control_socket}, pod-resources {emu.pod_resources_socket})",
+            err=True,
+        )
+        try:
+            await stop.wait()
+        finally:
+            await emu.stop()
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+@kubelet.command("restart")
+@_dir_option
+def kubelet_restart(device_plugin_dir: Path) -> None:
+    """Simulate a kubelet restart on the running emulator."""
+    _request(device_plugin_dir, {"op": "restart"})
+    click.echo("kubelet restarted")
+
+
+# ---------------------------------------------------------------------------- pod
+
+
+@click.group("pod")
+def pod() -> None:
+    """Apply, delete and inspect pods on a running emulator."""
+
+
+def _pod_rows(pods: list[dict[str, Any]]) -> str:
+    rows = [["NAMESPACE", "NAME", "CONTAINER", "KIND", "RESOURCE", "DEVICES", "STARTED"]]
+    for p in pods:
+        for c in p["containers"]:
+            devices = c["devices"] or {"-": []}
+            for res, ids in devices.items():
+                rows.append(
+                    [
+                        p["namespace"],
+                        p["name"],
+                        c["name"],
+                        c["kind"],
+                        res,
+                        ",".join(ids) or "-",
+                        "yes" if c["started"] else f"no ({c['start_error']})",
+                    ]
+                )
+    return _table(rows)
+
+
+def _runtime_text(p: dict[str, Any]) -> str:
+    lines = [_pod_rows([p])]
+    for c in p["containers"]:
+        rt = c["runtime"]
+        lines.append(f"\ncontainer {c['name']}:")
+        for k, v in rt["envs"].items():
+            lines.append(f"  env     {k}={v}")
+        for m in rt["mounts"]:
+            ro = " (ro)" if m["read_only"] else ""
+            lines.append(f"  mount   {m['host_path']} -> {m['container_path']}{ro}")
+        for d in rt["devices"]:
+            lines.append(f"  device  {d['host_path']} -> {d['container_path']} {d['permissions']}")
+        for k, v in rt["annotations"].items():
+            lines.append(f"  annot   {k}={v}")
+        for name in rt["cdi_devices"]:
+            lines.append(f"  cdi     {name}")
+        for conflict in rt["conflicts"]:
+            lines.append(f"  CONFLICT {conflict}")
+    return "\n".join(lines)
+
+
+@pod.command("apply")
+@_dir_option
+@click.option("-f", "--filename", required=True, help="Manifest file (YAML or JSON; - = stdin).")
+@_output_option
+def pod_apply(device_plugin_dir: Path, filename: str, output: str) -> None:
+    """Validate and admit the pods of a manifest (multi-document allowed)."""
+    try:
+        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
+        docs = load_manifests(text)
+    except OSError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_MANIFEST)
+    except ManifestError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_MANIFEST)
+    results = [_request(device_plugin_dir, {"op": "apply", "manifest": d}) for d in docs]
+    if output == "json":
+        click.echo(json.dumps(results if len(results) != 1 else results[0], indent=2))
+    else:
+        for r in results:
+            click.echo(f"pod/{r['name']} admitted")
+        click.echo(_pod_rows(results))
+
+
+@pod.command("delete")
+@_dir_option
+@click.argument("name")
+@click.option("-n", "--namespace", default="default", show_default=True)
+def pod_delete(device_plugin_dir: Path, name: str, namespace: str) -> None:
+    """Delete a pod and free its devices."""
+    _request(device_plugin_dir, {"op": "delete", "name": name, "namespace": namespace})
+    click.echo(f'pod "{name}" deleted')
+
+
+@pod.command("get")
+@_dir_option
+@click.argument("name")
+@click.option("-n", "--namespace", default="default", show_default=True)
+@_output_option
+def pod_get(device_plugin_dir: Path, name: str, namespace: str, output: str) -> None:
+    """Show what each container of a pod got (devices and runtime view)."""
+    p = _request(device_plugin_dir, {"op": "get", "name": name, "namespace": namespace})
+    click.echo(json.dumps(p, indent=2) if output == "json" else _runtime_text(p))
+
+
+@pod.command("list")
+@_dir_option
+@click.option("-n", "--namespace", default=None, help="Only this namespace.")
+@_output_option
+def pod_list(device_plugin_dir: Path, namespace: str | None, output: str) -> None:
+    """List admitted pods and their devices."""
+    pods = _request(device_plugin_dir, {"op": "list", "namespace": namespace})
+    click.echo(json.dumps(pods, indent=2) if output == "json" else _pod_rows(pods))
+
+
+# ---------------------------------------------------------------------------- node
+
+
+@click.command("node")
+@_dir_option
+@_output_option
+def node(device_plugin_dir: Path, output: str) -> None:
+    """Capacity, allocatable and per-device health (like ``kubectl describe node``)."""
+    n = _request(device_plugin_dir, {"op": "node"})
+    if output == "json":
+        click.echo(json.dumps(n, indent=2))
+        return
+    res = n["resources"]
+    rows = [["RESOURCE", "CAPACITY", "ALLOCATABLE", "ALLOCATED", "PLUGIN"]]
+    for name, r in res.items():
+        state = "connected" if r["connected"] else f"stopped {r['stopped_for_s']:.0f}s ago"
+        rows.append([name, str(r["capacity"]), str(r["allocatable"]), str(r["allocated"]), state])
+    click.echo(_table(rows))
+    devrows = [["RESOURCE", "DEVICE", "HEALTH", "NUMA"]]
+    for name, r in res.items():
+        for d in r["devices"]:
+            numa = ",".join(str(x) for x in d["numa"]) or "-"
+            devrows.append([name, d["id"], d["health"], numa])
+    if len(devrows) > 1:
+        click.echo("\n" + _table(devrows))
+
+
+COMMANDS: list[click.Command] = [kubelet, pod, node]

@@ -1,7 +1,100 @@
-"""CLI subcommands (placeholder; filled in by the owning work item)."""
+"""``kubedevice run`` (the generic /dev plugin daemon) and ``kubedevice validate`` (check a config).
+
+No logic here: options are parsed, :mod:`kubedevice.generic` does the work, and
+:class:`~kubedevice.errors.ConfigError` becomes exit status 2 with the error on stderr.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from pathlib import Path
+
 import click
 
-COMMANDS: list[click.Command] = []
+from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.generic import load_config, run_generic
+
+__all__ = ["COMMANDS"]
+
+_CONFIG = click.option(
+    "--config",
+    "-c",
+    "config",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML config file (version: v1).",
+)
+
+
+@click.command("run")
+@_CONFIG
+@click.option(
+    "--device-plugin-dir",
+    envvar=ENV_DEVICE_PLUGIN_DIR,
+    default=None,
+    help="Kubelet device plugin directory [default: /var/lib/kubelet/device-plugins].",
+)
+@click.option("--metrics-address", default=None, help="Serve Prometheus metrics on HOST:PORT.")
+@click.option("--dev-root", default=None, help="Where the host's /dev is (overrides devRoot).")
+@click.option("--sys-root", default=None, help="Where the host's /sys is (overrides sysRoot).")
+def run_command(
+    config: Path,
+    device_plugin_dir: str | None,
+    metrics_address: str | None,
+    dev_root: str | None,
+    sys_root: str | None,
+) -> None:
+    """Run the generic device plugin for every resource in a config file.
+
+    Hot-plug is event-driven (inotify); SIGHUP or a change to the file reloads the config
+    (an invalid new config is rejected and the old one keeps running); SIGTERM or SIGINT
+    stops cleanly with status 0.
+    """
+    try:
+        load_config(config)  # fail fast, before any socket, with the field named
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await run_generic(
+                config,
+                stop=stop,
+                device_plugin_dir=device_plugin_dir,
+                dev_root=dev_root,
+                sys_root=sys_root,
+                metrics_address=metrics_address,
+                handle_sighup=True,
+            )
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    try:
+        asyncio.run(_main())
+    except KubeDeviceError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
+@click.command("validate")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+def validate_command(config: Path) -> None:
+    """Check a generic plugin config file; print what is wrong (exit 2) or a summary."""
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+    click.echo(f"{config}: ok ({len(cfg.resources)} resource(s): "
+               + ", ".join(r.name for r in cfg.resources) + ")")  # fmt: skip
+
+
+COMMANDS: list[click.Command] = [run_command, validate_command]

@@ -1,0 +1,124 @@
+"""The catalogue of conformance cases: id, MUST/SHOULD level, title and contract section.
+
+Data only; :mod:`kubedevice.conformance.runner` decides how each case is observed and
+``docs/conformance.md`` describes the same list for people.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["CASES", "CASES_BY_ID", "Case", "Level"]
+
+
+class Level(enum.Enum):
+    """How binding a case is: MUST breaks real nodes, SHOULD is best practice."""
+
+    MUST = "MUST"
+    SHOULD = "SHOULD"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance rule the kit checks."""
+
+    id: str
+    level: Level
+    title: str
+    section: str
+    per_resource: bool = True
+
+
+CASES: Final[tuple[Case, ...]] = (
+    Case(
+        "serves-before-register",
+        Level.MUST,
+        "the plugin socket answers before Register is sent",
+        "§3.2 steps 4-5, §6 gotcha 1",
+    ),
+    Case(
+        "registration-valid",
+        Level.MUST,
+        "Register: version v1beta1, endpoint a bare socket name in the dir, valid resource name",
+        "§1.1, §1.2, §3.2, §6 gotchas 5 and 12",
+    ),
+    Case(
+        "first-list-within-5s",
+        Level.MUST,
+        "the first ListAndWatch message arrives within 5 s of registration",
+        "§3.5, §6 gotcha 4",
+    ),
+    Case(
+        "device-list-valid",
+        Level.MUST,
+        "device IDs are unique, non-empty, at most 63 printable characters; health is "
+        "exactly Healthy or Unhealthy",
+        "§2.2 Device, §3.5, §6 gotcha 7",
+    ),
+    Case(
+        "options-honest",
+        Level.MUST,
+        "advertised optional RPCs answer; Register options equal GetDevicePluginOptions",
+        "§3.2 options, §3.7, §6 gotchas 2 and 3",
+    ),
+    Case(
+        "allocate-healthy",
+        Level.MUST,
+        "Allocate of healthy devices succeeds with exactly one well-formed container response",
+        "§2.2 AllocateResponse, §3.7 step 5, §6 gotcha 13",
+    ),
+    Case(
+        "allocate-unknown-refused",
+        Level.SHOULD,
+        "Allocate of an ID the plugin never advertised is refused with an error",
+        "§3.7 (kubelet never sends one; plugins should still validate)",
+    ),
+    Case(
+        "allocate-unhealthy-refused",
+        Level.SHOULD,
+        "Allocate of an unhealthy device is refused with an error",
+        "§3.5, §3.7",
+    ),
+    Case(
+        "preferred-allocation",
+        Level.SHOULD,
+        "GetPreferredAllocation keeps must-include IDs, answers allocation_size IDs, "
+        "only offered ones",
+        "§3.7 step 3, §6 gotchas 16 and 17",
+    ),
+    Case(
+        "survives-stream-kill",
+        Level.MUST,
+        "after the kubelet drops ListAndWatch the process stays up and keeps serving",
+        "§3.6, §6 gotchas 8 and 10",
+    ),
+    Case(
+        "recovers-after-stream-kill",
+        Level.SHOULD,
+        "after the kubelet drops ListAndWatch the plugin re-registers and allocatable returns",
+        "§3.6, §6 gotcha 9",
+    ),
+    Case(
+        "reregister-within-30s",
+        Level.MUST,
+        "after a kubelet restart (sockets wiped) the plugin registers again within 30 s",
+        "§3.1 step 4, §3.6, §6 gotcha 9",
+    ),
+    Case(
+        "reregister-within-1s",
+        Level.SHOULD,
+        "after a kubelet restart the plugin registers again within 1 s",
+        "§3.6 (watch the directory, do not poll)",
+    ),
+    Case(
+        "sigterm-clean-exit",
+        Level.SHOULD,
+        "SIGTERM: exit code 0 within 5 s, and the plugin's sockets are removed",
+        "§3.6 (a stale socket confuses the next instance)",
+        per_resource=False,
+    ),
+)
+
+CASES_BY_ID: Final = {case.id: case for case in CASES}

@@ -1,0 +1,143 @@
+"""Pure checks of what a plugin sent: names, endpoints, device lists and RPC answers.
+
+Each function returns a list of problems (empty = fine), phrased as evidence. No I/O
+happens here except :func:`endpoint_problems`, which looks at the socket file.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from kubedevice._api import HEALTHY, UNHEALTHY
+from kubedevice.kubelet.types import AllocateResult
+
+__all__ = [
+    "allocate_response_problems",
+    "device_list_problems",
+    "endpoint_problems",
+    "preferred_problems",
+    "resource_name_problems",
+]
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_CDI_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*=[A-Za-z0-9_.:-]+")
+_MAX_ID = 63
+
+
+def resource_name_problems(name: str) -> list[str]:
+    """Why the kubelet would reject ``name`` as an extended resource name (contract §1.2)."""
+    if "/" not in name:
+        return [f"resource name {name!r} has no domain"]
+    if "kubernetes.io/" in name:
+        return [f"resource name {name!r} uses the reserved kubernetes.io/ domain"]
+    if name.startswith("requests."):
+        return [f"resource name {name!r} starts with 'requests.'"]
+    if name.count("/") != 1:
+        return [f"resource name {name!r} has more than one '/'"]
+    domain, short = name.split("/")
+    prefix = "requests." + domain
+    if len(prefix) > 253 or not all(_DNS_LABEL.fullmatch(x) for x in prefix.split(".")):
+        return [f"resource name {name!r}: domain {domain!r} is not a lower-case DNS subdomain"]
+    if not short or len(short) > 63 or not _NAME_PART.fullmatch(short):
+        return [f"resource name {name!r}: name part {short!r} is not a valid qualified name"]
+    return []
+
+
+def endpoint_problems(endpoint: str, device_plugin_dir: Path) -> list[str]:
+    """Whether ``endpoint`` is a bare socket name that exists in ``device_plugin_dir``."""
+    if not endpoint:
+        return ["endpoint is empty"]
+    if "/" in endpoint or endpoint in {".", ".."}:
+        return [f"endpoint {endpoint!r} is a path, not a bare socket file name in the dir"]
+    try:
+        mode = (device_plugin_dir / endpoint).lstat().st_mode
+    except OSError:
+        return [f"endpoint {endpoint!r} does not exist in the device plugin dir"]
+    if not stat.S_ISSOCK(mode):
+        return [f"endpoint {endpoint!r} is not a Unix socket"]
+    return []
+
+
+def device_list_problems(devices: Sequence[tuple[str, str]]) -> list[str]:
+    """Problems in one ListAndWatch snapshot given as ``(ID, health)`` pairs."""
+    problems: list[str] = []
+    dup = sorted(i for i, n in Counter(i for i, _ in devices).items() if n > 1)
+    if dup:
+        problems.append(f"duplicate device IDs {dup[:3]}")
+    for dev_id, health in devices:
+        if not dev_id:
+            problems.append("a device has an empty ID")
+        elif len(dev_id) > _MAX_ID:
+            problems.append(f"device ID {dev_id[:20]!r}... is {len(dev_id)} > 63 characters")
+        elif not dev_id.isprintable() or any(c.isspace() for c in dev_id):
+            problems.append(f"device ID {dev_id!r} has whitespace or control characters")
+        if health not in (HEALTHY, UNHEALTHY):
+            problems.append(
+                f"device {dev_id!r} has health {health!r} (must be exactly "
+                f"{HEALTHY!r} or {UNHEALTHY!r}; the kubelet counts it unhealthy)"
+            )
+    return problems
+
+
+def _abs(path: str) -> bool:
+    return path.startswith("/")
+
+
+def allocate_response_problems(resp: AllocateResult) -> list[str]:
+    """Problems in an AllocateResponse to a single-container request (contract §3.7)."""
+    n = len(resp.containers)
+    if n != 1:
+        return [f"AllocateResponse has {n} container_responses for 1 container request"]
+    cresp = resp.containers[0]
+    problems: list[str] = []
+    for spec in cresp.devices:
+        if not _abs(spec.container_path) or not _abs(spec.host_path):
+            problems.append(
+                f"DeviceSpec paths must be absolute: container_path={spec.container_path!r} "
+                f"host_path={spec.host_path!r}"
+            )
+        perms = spec.permissions
+        if not perms or set(perms) - set("rwm") or len(set(perms)) != len(perms):
+            problems.append(
+                f"DeviceSpec {spec.container_path!r} permissions {perms!r} are not a "
+                "non-empty subset of 'rwm'"
+            )
+    for mount in cresp.mounts:
+        if not _abs(mount.container_path) or not _abs(mount.host_path):
+            problems.append(
+                f"Mount paths must be absolute: container_path={mount.container_path!r} "
+                f"host_path={mount.host_path!r}"
+            )
+    for key in cresp.envs:
+        if not key or "=" in key or "\0" in key:
+            problems.append(f"env name {key!r} is not a valid environment variable name")
+    for key in cresp.annotations:
+        if not key:
+            problems.append("an annotation has an empty key")
+    for cdi in cresp.cdi_devices:
+        if not _CDI_NAME.fullmatch(cdi):
+            problems.append(f"CDI device name {cdi!r} is not 'vendor.com/class=name'")
+    return problems
+
+
+def preferred_problems(
+    available: Sequence[str], must_include: Sequence[str], size: int, answer: Sequence[str]
+) -> list[str]:
+    """Invariants of one GetPreferredAllocation answer (contract §3.7, gotchas 16-17)."""
+    problems: list[str] = []
+    missing = [i for i in must_include if i not in answer]
+    if missing:
+        problems.append(f"answer {list(answer)} lacks must-include IDs {missing}")
+    foreign = [i for i in answer if i not in available]
+    if foreign:
+        problems.append(f"answer has IDs that were not offered: {foreign}")
+    if len(set(answer)) != len(answer):
+        problems.append(f"answer {list(answer)} repeats IDs")
+    if len(available) >= size and len(answer) != size:
+        problems.append(f"answer has {len(answer)} IDs for allocation_size {size}")
+    return problems

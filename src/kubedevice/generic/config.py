@@ -1,0 +1,440 @@
+"""The generic plugin's YAML config: pydantic v2 models, loading, and readable errors.
+
+Every error names the file, the field path (``resources[0].groups[1].count``) and what was
+expected. Models are frozen and refuse unknown keys; YAML keys are camelCase.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
+
+from kubedevice.errors import ConfigError, InvalidResourceNameError
+from kubedevice.generic.templates import (
+    CDI_VARIABLES,
+    CHECK_VARIABLES,
+    ENV_VARIABLES,
+    Template,
+    TemplateError,
+)
+from kubedevice.plugin import validate_resource_name
+
+__all__ = [
+    "CommandCheck",
+    "Config",
+    "GroupSpec",
+    "HealthSpec",
+    "MountSpec",
+    "PathSpec",
+    "ResourceSpec",
+    "SysfsAttributeCheck",
+    "UsbMatch",
+    "format_validation_error",
+    "load_config",
+    "parse_config",
+]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,30}[A-Za-z0-9])?")
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+_GLOB_MAGIC = re.compile(r"[*?\[]")
+
+
+def has_glob(path: str) -> bool:
+    """Whether ``path`` contains glob magic (``*``, ``?`` or ``[``)."""
+    return _GLOB_MAGIC.search(path) is not None
+
+
+def _under(prefix: str) -> Any:
+    def check(value: str) -> str:
+        p = PurePosixPath(value)
+        if not p.is_absolute():
+            raise ValueError(f"must be an absolute path under {prefix} (got {value!r})")
+        if ".." in p.parts:
+            raise ValueError(f"must not contain '..' (got {value!r})")
+        if p.parts[:2] != ("/", prefix.strip("/")) or len(p.parts) < 3:
+            raise ValueError(f"must be a path under {prefix}/ (got {value!r})")
+        return str(p)
+
+    return AfterValidator(check)
+
+
+def _absolute(value: str) -> str:
+    p = PurePosixPath(value)
+    if not p.is_absolute():
+        raise ValueError(f"must be an absolute path (got {value!r})")
+    if ".." in p.parts:
+        raise ValueError(f"must not contain '..' (got {value!r})")
+    return value
+
+
+def _template(allowed: frozenset[str]) -> Any:
+    def check(value: str) -> str:
+        try:
+            Template.parse(value, allowed)
+        except TemplateError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    return AfterValidator(check)
+
+
+DevPath = Annotated[str, _under("/dev")]
+SysPath = Annotated[str, _under("/sys"), _template(CHECK_VARIABLES)]
+AbsPath = Annotated[str, AfterValidator(_absolute)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        validate_by_alias=True,
+        validate_by_name=False,
+        strict=True,
+    )
+
+
+class PathSpec(_Model):
+    """A glob of device nodes under ``/dev`` (read under ``devRoot``)."""
+
+    path: DevPath
+    container_path: Annotated[str, AfterValidator(_absolute), _template(CDI_VARIABLES)] | None = (
+        None
+    )
+    permissions: str = "rw"
+    optional: bool = False
+
+    @field_validator("permissions")
+    @classmethod
+    def _perms(cls, value: str) -> str:
+        if not value or any(c not in "rwm" for c in value) or len(set(value)) != len(value):
+            raise ValueError(f"must be a non-empty combination of 'r', 'w', 'm' (got {value!r})")
+        return value
+
+
+class MountSpec(_Model):
+    """An extra host path (directory or file) bind-mounted into the container."""
+
+    host_path: AbsPath
+    container_path: AbsPath
+    read_only: bool = False
+
+
+class UsbMatch(_Model):
+    """Match USB devices by sysfs ``idVendor``/``idProduct``/``serial``."""
+
+    vendor: str
+    product: str | None = None
+    serial: str | None = None
+
+    @field_validator("vendor", "product")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None and not _HEX4.fullmatch(value):
+            raise ValueError(f"must be 4 hexadecimal digits, e.g. '0403' (got {value!r})")
+        return None if value is None else value.lower()
+
+
+class SysfsAttributeCheck(_Model):
+    """Healthy while the attribute (under ``/sys``, read under ``sysRoot``) equals ``expect``."""
+
+    path: SysPath
+    expect: str
+
+
+class CommandCheck(_Model):
+    """Healthy while ``argv`` exits 0 within ``timeoutSeconds``."""
+
+    argv: Annotated[list[Annotated[str, _template(CHECK_VARIABLES)]], Field(min_length=1)]
+    timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 5.0
+
+
+class HealthSpec(_Model):
+    """Optional per-group health check, run every ``periodSeconds``."""
+
+    period_seconds: Annotated[float, Field(ge=0.01, le=3600)] = 10.0
+    sysfs_attribute: SysfsAttributeCheck | None = None
+    command: CommandCheck | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> HealthSpec:
+        if self.sysfs_attribute is None and self.command is None:
+            raise ValueError("needs 'sysfsAttribute' or 'command'")
+        return self
+
+
+class GroupSpec(_Model):
+    """A kind of device: node globs or USB matches, plus what a container gets with it."""
+
+    name: str | None = None
+    paths: list[PathSpec] = []
+    usb: list[UsbMatch] = []
+    per_match: bool = True
+    mounts: list[MountSpec] = []
+    envs: dict[str, Annotated[str, _template(ENV_VARIABLES)]] = {}
+    annotations: dict[str, Annotated[str, _template(ENV_VARIABLES)]] = {}
+    cdi_devices: list[Annotated[str, _template(CDI_VARIABLES)]] = []
+    count: Annotated[int, Field(ge=1, le=10000)] = 1
+    health: HealthSpec | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _GROUP_NAME.fullmatch(value):
+            raise ValueError(
+                "must be 1-32 characters of [A-Za-z0-9._-], starting and ending "
+                f"alphanumeric (got {value!r})"
+            )
+        return value
+
+    @field_validator("envs")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _ENV_NAME.fullmatch(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> GroupSpec:
+        if bool(self.paths) == bool(self.usb):
+            raise ValueError("needs exactly one of 'paths' or 'usb'")
+        if self.paths and self.per_match and self.paths[0].optional:
+            raise ValueError("paths[0] is the per-device path and cannot be optional")
+        for i, spec in enumerate(self.paths):
+            shared = not self.per_match or i > 0
+            if (
+                shared
+                and has_glob(spec.path)
+                and spec.container_path is not None
+                and "{name}" not in spec.container_path
+            ):
+                raise ValueError(
+                    f"paths[{i}].containerPath must contain {{name}} because the glob can match "
+                    "several nodes of one device"
+                )
+        return self
+
+
+def _check_resource_name(value: str) -> str:
+    try:
+        validate_resource_name(value)
+    except InvalidResourceNameError as exc:
+        raise ValueError(exc.reason) from None
+    return value
+
+
+class ResourceSpec(_Model):
+    """One extended resource, advertised by its own plugin socket."""
+
+    name: Annotated[str, AfterValidator(_check_resource_name)]
+    groups: Annotated[list[GroupSpec], Field(min_length=1)]
+    limit: Annotated[int, Field(ge=1)] | None = None
+    placement: Literal["spread", "pack"] = "spread"
+
+    @model_validator(mode="after")
+    def _unique_groups(self) -> ResourceSpec:
+        seen: set[str] = set()
+        for i, group in enumerate(self.groups):
+            name = group_name(group, i)
+            if name in seen:
+                raise ValueError(f"groups[{i}]: duplicate group name {name!r}")
+            seen.add(name)
+        return self
+
+
+class Config(_Model):
+    """The whole config file (``version: v1``)."""
+
+    version: Literal["v1"]
+    dev_root: AbsPath = "/dev"
+    sys_root: AbsPath = "/sys"
+    keep_unhealthy_seconds: Annotated[float, Field(ge=0)] = 3600.0
+    resources: Annotated[list[ResourceSpec], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _unique(self) -> Config:
+        seen: set[str] = set()
+        for i, res in enumerate(self.resources):
+            if res.name in seen:
+                raise ValueError(f"resources[{i}].name: duplicate resource name {res.name!r}")
+            seen.add(res.name)
+        return self
+
+    def with_roots(self, dev_root: str | None = None, sys_root: str | None = None) -> Config:
+        """A copy with ``devRoot``/``sysRoot`` overridden (``--dev-root``/``--sys-root``)."""
+        update: dict[str, str] = {}
+        if dev_root is not None:
+            update["dev_root"] = str(Path(dev_root).absolute())
+        if sys_root is not None:
+            update["sys_root"] = str(Path(sys_root).absolute())
+        return self.model_copy(update=update)
+
+
+def group_name(group: GroupSpec, index: int) -> str:
+    """The group's name, or ``group<index>`` when it has none."""
+    return group.name if group.name is not None else f"group{index}"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _loc_text(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _allowed_keys(loc: Sequence[int | str]) -> list[str]:
+    model: Any = Config
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = next((f for f in model.model_fields.values() if f.alias == part), None)
+        if field is None:
+            return []
+        model = _inner_model(field.annotation)
+    if model is None:
+        return []
+    return sorted(f.alias for f in model.model_fields.values() if f.alias)
+
+
+def _inner_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+_TYPE_NAMES = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+}
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def _message(err: ErrorDetails) -> str:
+    kind = err["type"]
+    ctx: dict[str, Any] = dict(err.get("ctx") or {})
+    value = err.get("input")
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(err["loc"])
+        return "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
+              "less_than": "<"}[kind]  # fmt: skip
+        bound = next(iter(ctx.values()))
+        if isinstance(bound, float):
+            bound = f"{bound:g}"
+        return f"must be {op} {bound} (got {_got(value)})"
+    if kind == "too_short":
+        return (
+            f"must have at least {ctx.get('min_length')} item(s) (got {ctx.get('actual_length')})"
+        )
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')} (got {_got(value)})"
+    if kind in _TYPE_NAMES:
+        return f"expected {_TYPE_NAMES[kind]} (got {_got(value)})"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if kind in ("finite_number",):
+        return f"must be a finite number (got {_got(value)})"
+    return f"{err['msg']} (got {_got(value)})"
+
+
+def _error_loc(err: ErrorDetails) -> tuple[int | str, ...]:
+    loc = tuple(err["loc"])
+    # dict values: pydantic appends the key; keep it as a ".key" path element.
+    return loc
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    """One line per error: ``<source>: <field path>: <what was expected>``."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = _error_loc(err)
+        msg = _message(err)
+        # model-level validators report "resources[0].name: ..." themselves.
+        if err["type"] == "value_error" and re.match(r"^[A-Za-z]+[\[.][^ ]*: ", msg):
+            sub, _, msg = msg.partition(": ")
+            prefix = _loc_text(loc)
+            path = f"{prefix}.{sub}" if loc and not sub.startswith("[") else prefix + sub
+            if not loc:
+                path = sub
+            lines.append(f"{source}: {path}: {msg}")
+            continue
+        lines.append(f"{source}: {_loc_text(loc)}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    """Validate already-parsed YAML ``data``; raise :class:`ConfigError` with readable lines."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: (top level): expected a mapping (got {_got(data)})")
+    version = data.get("version")
+    if "version" in data and version != "v1":
+        raise ConfigError(f"{source}: version: unsupported version {version!r} (supported: 'v1')")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate the YAML config at ``path``; errors name the file and the field."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{source}: (top level): empty file; expected a mapping with 'version' "
+                          "and 'resources'")  # fmt: skip
+    return parse_config(data, source)

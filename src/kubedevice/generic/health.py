@@ -1,0 +1,91 @@
+"""Per-group health checks: a sysfs attribute with an expected value, or a command.
+
+A check that cannot run (attribute unreadable, command missing or timed out) reports the
+device unhealthy with the reason; it is never assumed healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass
+
+from kubedevice.generic.config import HealthSpec
+from kubedevice.generic.discovery import PhysicalDevice
+from kubedevice.generic.templates import CHECK_VARIABLES, Template
+
+__all__ = ["CheckResult", "run_check"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """Outcome of one health check of one device.
+
+    Attributes:
+        healthy: Whether the device passed.
+        reason: Why it failed (empty when healthy).
+    """
+
+    healthy: bool
+    reason: str = ""
+
+
+def _values(dev: PhysicalDevice) -> dict[str, str]:
+    return {"id": dev.id, "name": dev.name, "path": dev.primary_path}
+
+
+def _read_attribute(local: str, sys_root: str) -> str | None:
+    """The attribute's text, or None when it resolves outside ``sys_root``."""
+    real = os.path.realpath(local)
+    root = os.path.realpath(sys_root)
+    if not real.startswith(root.rstrip("/") + "/"):
+        return None
+    with open(real, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+async def run_check(spec: HealthSpec, dev: PhysicalDevice, sys_root: str) -> CheckResult:
+    """Run the group's checks for ``dev``; unhealthy if any fails or cannot run."""
+    values = _values(dev)
+    if spec.sysfs_attribute is not None:
+        rendered = Template.parse(spec.sysfs_attribute.path, CHECK_VARIABLES).render(values)
+        local = os.path.join(sys_root, rendered[len("/sys/") :])
+        try:
+            text = await asyncio.to_thread(_read_attribute, local, sys_root)
+        except OSError as exc:
+            return CheckResult(False, f"cannot read {rendered}: {exc.strerror or exc}")
+        if text is None:
+            return CheckResult(False, f"sysfs attribute {rendered} resolves outside sysRoot")
+        if text.strip() != spec.sysfs_attribute.expect.strip():
+            return CheckResult(
+                False,
+                f"{rendered} is {text.strip()!r}, expected {spec.sysfs_attribute.expect.strip()!r}",
+            )
+    if spec.command is not None:
+        argv = [Template.parse(a, CHECK_VARIABLES).render(values) for a in spec.command.argv]
+        timeout = spec.command.timeout_seconds
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            return CheckResult(False, f"cannot start {argv[0]}: {exc.strerror or exc}")
+        try:
+            code = await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            return CheckResult(False, f"command {argv[0]} timed out after {timeout:g}s")
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.shield(proc.wait())
+            raise
+        if code != 0:
+            return CheckResult(False, f"command {argv[0]} exited with status {code}")
+    return CheckResult(True)

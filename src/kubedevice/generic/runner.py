@@ -1,0 +1,375 @@
+"""Runs a generic config on the SDK: scans on inotify events, health loops, hot reload.
+
+:class:`GenericPlugins` owns one SDK :class:`~kubedevice.plugin.PluginServer` hosting one
+:class:`GenericResourcePlugin` per configured resource, the device-directory watcher, the
+per-group health tasks and (when given a config path) the config-file watcher. It never
+exits the process; :func:`run_generic` is the in-process entry point the CLI and the demo use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kubedevice.errors import ConfigError
+from kubedevice.generic.config import Config, load_config
+from kubedevice.generic.discovery import Scanner, watch_dirs
+from kubedevice.generic.health import run_check
+from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
+from kubedevice.generic.watcher import CONFIG_MASK, DirWatcher
+from kubedevice.plugin.metrics import PluginMetrics
+from kubedevice.plugin.server import PluginServer
+
+__all__ = ["GenericPlugins", "run_generic"]
+
+log = logging.getLogger(__name__)
+
+
+class GenericPlugins:
+    """Every resource of a generic config, served on one SDK plugin server.
+
+    Use as an async context manager (or call :meth:`start` / :meth:`stop`).
+
+    Args:
+        config: The validated config.
+        device_plugin_dir: The kubelet's device plugin directory (``None``: the SDK
+            default, ``$DP_DEVICE_PLUGIN_DIR`` or ``/var/lib/kubelet/device-plugins``).
+        config_path: The file ``config`` came from; when set, the file is watched and
+            :meth:`reload` re-reads it.
+        metrics_address: ``host:port`` for Prometheus metrics, or ``None``.
+        dev_root: Overrides ``devRoot`` of this and every reloaded config.
+        sys_root: Overrides ``sysRoot`` of this and every reloaded config.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        device_plugin_dir: str | os.PathLike[str] | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        metrics_address: str | None = None,
+        dev_root: str | None = None,
+        sys_root: str | None = None,
+    ) -> None:
+        self._roots = (dev_root, sys_root)
+        config = config.with_roots(dev_root, sys_root)
+        self._config = config
+        self._config_path = Path(config_path).absolute() if config_path is not None else None
+        self._config_digest = _digest(self._config_path) if self._config_path else None
+        self._metrics_address = metrics_address
+        self._metrics = PluginMetrics() if metrics_address is not None else None
+        self._http: Any = None
+        self.server = PluginServer(device_plugin_dir, metrics=self._metrics)
+        """The SDK server hosting the plugins (``wait_registered`` etc.)."""
+        self._scanner = Scanner(config)
+        self._plugins: dict[str, GenericResourcePlugin] = {}
+        self._health_tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._health_kicks: dict[str, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watcher: DirWatcher | None = None
+        self._reload_requested = asyncio.Event()
+        self._reloads = 0
+        self._reload_done = asyncio.Event()
+        self._started = False
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> GenericPlugins:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config
+
+    @property
+    def resources(self) -> list[str]:
+        """Resource names currently served."""
+        return list(self._plugins)
+
+    def plugin(self, resource: str) -> GenericResourcePlugin:
+        """The plugin serving ``resource``."""
+        return self._plugins[resource]
+
+    async def start(self) -> None:
+        """Scan, start serving and registering every resource, and start the watchers."""
+        if self._started:
+            raise RuntimeError("GenericPlugins already started")
+        self._started = True
+        self._watcher = DirWatcher()
+        for res in self._config.resources:
+            self._plugins[res.name] = GenericResourcePlugin(
+                res, self._config.keep_unhealthy_seconds
+            )
+        self.rescan()
+        await self.server.start()
+        if self._metrics is not None and self._metrics_address is not None:
+            self._http = self._metrics.serve_http(self._metrics_address)
+            log.info("metrics on http://%s/metrics", self._metrics_address)
+        for plugin in self._plugins.values():
+            await self.server.add(plugin)
+            self._start_health(plugin.resource_name)
+        self._tasks.append(asyncio.create_task(self._watch_loop(), name="generic: device watch"))
+        self._tasks.append(asyncio.create_task(self._reload_loop(), name="generic: reload"))
+        if self._config_path is not None:
+            self._tasks.append(
+                asyncio.create_task(self._config_loop(), name="generic: config watch")
+            )
+        log.info("generic plugin started", extra={"resources": ",".join(self._plugins)})
+
+    async def stop(self) -> None:
+        """Stop watchers and health checks, then the server (idempotent)."""
+        tasks = self._tasks + [t for ts in self._health_tasks.values() for t in ts]
+        self._tasks, self._health_tasks = [], {}
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for plugin in self._plugins.values():
+            plugin.close()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http = None
+        if self._started:
+            await self.server.stop()
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+    # ----------------------------------------------------------------- scanning
+
+    def rescan(self) -> None:
+        """Re-read the trees now and push what changed (the watcher calls this on events)."""
+        if self._watcher is not None:
+            self._watcher.watch_exactly(watch_dirs(self._config))
+        found = self._scanner.scan()
+        for name, plugin in self._plugins.items():
+            plugin.apply_scan(found.get(name, []))
+            if any(plugin.unchecked(i) for i, _ in enumerate(plugin.spec.groups)):
+                kick = self._health_kicks.get(name)
+                if kick is not None:
+                    kick.set()
+
+    async def _watch_loop(self) -> None:
+        assert self._watcher is not None
+        while True:
+            await self._watcher.changed()
+            try:
+                self.rescan()
+            except Exception:  # a scan bug must not kill hot-plug
+                log.exception("scan failed")
+
+    async def wait_for(self, resource: str, predicate: Callable[[Snapshot], bool]) -> Snapshot:
+        """Wait until ``resource`` has pushed a snapshot satisfying ``predicate``.
+
+        This is how a caller waits until a device change has been pushed to the kubelet's
+        streams; bound it with ``asyncio.timeout``.
+        """
+        return await self._plugins[resource].wait_for(predicate)
+
+    # ----------------------------------------------------------------- health
+
+    def _start_health(self, resource: str) -> None:
+        plugin = self._plugins[resource]
+        kick = self._health_kicks.setdefault(resource, asyncio.Event())
+        tasks = [
+            asyncio.create_task(self._health_loop(plugin, i, kick), name=f"health {resource}[{i}]")
+            for i, group in enumerate(plugin.spec.groups)
+            if group.health is not None
+        ]
+        self._health_tasks[resource] = tasks
+
+    async def _stop_health(self, resource: str) -> None:
+        tasks = self._health_tasks.pop(resource, [])
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _health_loop(
+        self, plugin: GenericResourcePlugin, index: int, kick: asyncio.Event
+    ) -> None:
+        spec = plugin.spec.groups[index].health
+        assert spec is not None
+        while True:
+            kick.clear()
+            devices = plugin.present_devices(index)
+            results = await asyncio.gather(
+                *(run_check(spec, d, self._scanner.sys_root) for d in devices)
+            )
+            plugin.apply_checks({d.id: r for d, r in zip(devices, results, strict=True)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(kick.wait(), spec.period_seconds)
+
+    # ----------------------------------------------------------------- reload
+
+    def request_reload(self) -> None:
+        """Ask for a reload from the config file (what SIGHUP does)."""
+        self._reload_requested.set()
+
+    @property
+    def reloads(self) -> int:
+        """How many reload attempts finished (applied or rejected)."""
+        return self._reloads
+
+    async def wait_reloaded(self, count: int) -> None:
+        """Wait until at least ``count`` reload attempts have finished (applied or rejected)."""
+        while self._reloads < count:
+            self._reload_done.clear()
+            await self._reload_done.wait()
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await self._reload_requested.wait()
+            self._reload_requested.clear()
+            try:
+                await self.reload()
+            except ConfigError as exc:
+                log.error("new config rejected; the old one keeps running:\n%s", exc)
+            finally:
+                self._reloads += 1
+                self._reload_done.set()
+
+    async def _config_loop(self) -> None:
+        assert self._config_path is not None
+        watcher = DirWatcher(CONFIG_MASK)
+        try:
+            watcher.watch_exactly({str(self._config_path.parent)})
+            while True:
+                await watcher.changed()
+                watcher.watch_exactly({str(self._config_path.parent)})
+                digest = _digest(self._config_path)
+                if digest is not None and digest != self._config_digest:
+                    self._config_digest = digest
+                    self.request_reload()
+        finally:
+            watcher.close()
+
+    async def reload(self, config: Config | None = None) -> None:
+        """Apply a new config: start new resources, stop removed ones, update changed ones.
+
+        Allocated devices survive: a changed resource keeps its plugin (and what it
+        allocated); a device the new config no longer matches follows the vanished-device
+        rule. Without ``config``, the config file is read and validated again.
+
+        Raises:
+            ConfigError: The new config is invalid; nothing was changed.
+        """
+        if config is None:
+            if self._config_path is None:
+                raise ConfigError("no config file to reload from")
+            config = load_config(self._config_path)
+        config = config.with_roots(*self._roots)
+        old = self._config
+        if config == old:
+            log.info("config unchanged")
+            return
+        old_specs = {r.name: r for r in old.resources}
+        new_specs = {r.name: r for r in config.resources}
+        self._config = config
+        if (config.dev_root, config.sys_root) != (old.dev_root, old.sys_root):
+            self._scanner = Scanner(config)
+        else:
+            self._scanner.config = config
+        for name in [n for n in self._plugins if n not in new_specs]:
+            await self._stop_health(name)
+            plugin = self._plugins.pop(name)
+            plugin.close()
+            await self.server.remove(name)
+            log.info("resource removed", extra={"resource": name})
+        for name, spec in new_specs.items():
+            plugin_or_none = self._plugins.get(name)
+            if plugin_or_none is None:
+                self._plugins[name] = GenericResourcePlugin(spec, config.keep_unhealthy_seconds)
+            elif (
+                spec != old_specs[name]
+                or config.keep_unhealthy_seconds != old.keep_unhealthy_seconds
+            ):
+                await self._stop_health(name)
+                plugin_or_none.reconfigure(spec, config.keep_unhealthy_seconds)
+                self._start_health(name)
+                log.info("resource updated", extra={"resource": name})
+        self.rescan()
+        for name in new_specs:
+            if name not in old_specs:
+                await self.server.add(self._plugins[name])
+                self._start_health(name)
+                log.info("resource added", extra={"resource": name})
+        self._plugins = {name: self._plugins[name] for name in new_specs}
+        log.info("config reloaded")
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+async def run_generic(
+    config: Config | str | os.PathLike[str],
+    *,
+    stop: asyncio.Event,
+    device_plugin_dir: str | os.PathLike[str] | None = None,
+    dev_root: str | None = None,
+    sys_root: str | None = None,
+    metrics_address: str | None = None,
+    ready: Callable[[GenericPlugins], None] | None = None,
+    handle_sighup: bool = False,
+) -> None:
+    """Run the generic plugin until ``stop`` is set.
+
+    Args:
+        config: A :class:`Config`, or the path of a YAML config (then watched for changes).
+        stop: Set it to stop cleanly.
+        device_plugin_dir: The kubelet's device plugin directory.
+        dev_root: Override ``devRoot`` (``--dev-root``).
+        sys_root: Override ``sysRoot`` (``--sys-root``).
+        metrics_address: ``host:port`` for Prometheus metrics.
+        ready: Called with the running :class:`GenericPlugins` once it serves.
+        handle_sighup: Reload on SIGHUP (the CLI sets it; needs the main thread).
+
+    Raises:
+        ConfigError: The config is invalid.
+    """
+    path: Path | None = None
+    if isinstance(config, Config):
+        cfg = config
+    else:
+        path = Path(config)
+        cfg = load_config(path)
+    plugins = GenericPlugins(
+        cfg,
+        device_plugin_dir=device_plugin_dir,
+        config_path=path,
+        metrics_address=metrics_address,
+        dev_root=dev_root,
+        sys_root=sys_root,
+    )
+    loop = asyncio.get_running_loop()
+    async with plugins:
+        if handle_sighup:
+            loop.add_signal_handler(signal.SIGHUP, plugins.request_reload)
+        try:
+            if ready is not None:
+                ready(plugins)
+            await stop.wait()
+        finally:
+            if handle_sighup:
+                loop.remove_signal_handler(signal.SIGHUP)

@@ -1,0 +1,73 @@
+"""inotify watches (``asyncinotify``) over a changing set of directories; no polling.
+
+:class:`DirWatcher` wakes its owner when an entry of a watched directory is created,
+removed, renamed or rewritten, coalescing whatever events are already queued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from asyncinotify import Event, Inotify, Mask, Watch
+
+__all__ = ["CONFIG_MASK", "DEVICE_MASK", "DirWatcher"]
+
+log = logging.getLogger(__name__)
+
+#: Entries appearing/disappearing, and the directory itself going away.
+DEVICE_MASK = (
+    Mask.CREATE
+    | Mask.DELETE
+    | Mask.MOVED_FROM
+    | Mask.MOVED_TO
+    | Mask.DELETE_SELF
+    | Mask.MOVE_SELF
+    | Mask.ONLYDIR
+    | Mask.DONT_FOLLOW
+)
+#: A config file rewritten in place, replaced by rename, or swapped via symlinks.
+CONFIG_MASK = DEVICE_MASK | Mask.CLOSE_WRITE
+
+
+class DirWatcher:
+    """A set of inotify directory watches that can be changed at run time."""
+
+    def __init__(self, mask: Mask = DEVICE_MASK) -> None:
+        self._mask = mask
+        self._inotify = Inotify(sync_timeout=0)
+        self._watches: dict[str, Watch] = {}
+
+    @property
+    def dirs(self) -> frozenset[str]:
+        """The directories currently watched."""
+        return frozenset(self._watches)
+
+    def watch_exactly(self, dirs: set[str]) -> None:
+        """Watch ``dirs`` and nothing else (missing directories are skipped)."""
+        for path in set(self._watches) - dirs:
+            watch = self._watches.pop(path)
+            with contextlib.suppress(OSError):
+                self._inotify.rm_watch(watch)
+        for path in dirs - set(self._watches):
+            try:
+                self._watches[path] = self._inotify.add_watch(path, self._mask)
+            except OSError as exc:
+                log.debug("cannot watch %s: %s", path, exc)
+
+    async def changed(self) -> list[Event]:
+        """Wait for at least one event; return it with every event already queued."""
+        batch = [await self._inotify.get()]
+        while (event := self._inotify.sync_get()) is not None:
+            batch.append(event)
+        for event in batch:
+            if Mask.IGNORED in event.mask or Mask.DELETE_SELF in event.mask:
+                # the kernel dropped the watch; forget it so the next sync re-adds it
+                for path, watch in list(self._watches.items()):
+                    if event.watch is watch:
+                        del self._watches[path]
+        return batch
+
+    def close(self) -> None:
+        """Release the inotify descriptor."""
+        self._inotify.close()

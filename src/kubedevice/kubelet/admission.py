@@ -1,0 +1,304 @@
+"""Pod admission: topology hints, device choice, GetPreferredAllocation, Allocate, PreStart.
+
+Mirrors ``manager.go Allocate/allocateContainerResources/devicesToAllocate/filterByAffinity``
+and ``topology_hints.go`` (contract §3.7, §3.8, §3.10) with a best-effort topology manager
+(container scope) on a machine whose NUMA nodes are those the devices report. Sets are
+walked in sorted order where the kubelet walks Go maps (unspecified order).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kubedevice.errors import AdmissionError, PluginRpcError
+from kubedevice.kubelet.endpoint import go_error_text
+from kubedevice.kubelet.manager import DeviceManager
+from kubedevice.kubelet.pods import ContainerSpec, PodSpec
+
+__all__ = ["Admitter", "Hint", "StartResult"]
+
+log = logging.getLogger(__name__)
+
+#: The kubelet's topology manager refuses machines with more NUMA nodes than this.
+MAX_NUMA_NODES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """A topology hint: NUMA node set (None = every node) and whether it is preferred."""
+
+    nodes: frozenset[int] | None
+    preferred: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    """Outcome of starting one container (PreStartContainer)."""
+
+    started: bool
+    error: str | None = None
+
+
+class _AllocFailed(Exception):
+    """The device manager's Allocate error (kubelet text)."""
+
+
+class Admitter:
+    """Admits pods one at a time against a ``DeviceManager``."""
+
+    def __init__(self, manager: DeviceManager) -> None:
+        self.m = manager
+
+    # ------------------------------------------------------------------ topology
+
+    def _cares(self, resource: str) -> bool:
+        r = self.m.resources.get(resource)
+        return r is not None and any(d.numa for d in r.devices.values())
+
+    def _resource_hints(
+        self, resource: str, request: int, reusable: set[str], numa: Sequence[int]
+    ) -> list[Hint] | None:
+        r = self.m.resources.get(resource)
+        if r is None or not self._cares(resource):
+            return None
+        available = r.healthy - self.m.allocated.get(resource, set())
+        if len(available | reusable) < request:
+            return []
+        hints: list[Hint] = []
+        min_size = len(numa)
+        for size in range(1, len(numa) + 1):
+            for combo in itertools.combinations(numa, size):
+                mask = frozenset(combo)
+                in_mask = sum(1 for d in r.devices.values() if mask.intersection(d.numa))
+                if in_mask >= request and size < min_size:
+                    min_size = size
+                matching = 0
+                ok = True
+                for d in reusable:
+                    dev = r.devices.get(d)
+                    if dev is None or not dev.numa:
+                        continue
+                    if not mask.intersection(dev.numa):
+                        ok = False
+                        break
+                    matching += 1
+                if not ok:
+                    continue
+                matching += sum(1 for d in available if mask.intersection(r.devices[d].numa))
+                if matching >= request:
+                    hints.append(Hint(mask, False))
+        return [Hint(h.nodes, h.nodes is not None and len(h.nodes) == min_size) for h in hints]
+
+    def container_hint(self, c: ContainerSpec, reuse: dict[str, set[str]]) -> Hint | None:
+        """The best-effort topology manager's merged hint for ``c`` (None: no preference)."""
+        numa = self.m.numa_nodes()
+        if not numa or len(numa) > MAX_NUMA_NODES:
+            return None
+        per_provider: list[list[Hint]] = []
+        for res, count in sorted(c.limits.items()):
+            if count <= 0:
+                continue
+            hints = self._resource_hints(res, count, reuse.get(res, set()), numa)
+            if hints is None:
+                continue
+            per_provider.append(hints or [Hint(None, False)])
+        if not per_provider:
+            return None
+        all_nodes = frozenset(numa)
+        best = Hint(all_nodes, False)
+        for combo in itertools.product(*per_provider):
+            mask = all_nodes
+            preferred = True
+            for h in combo:
+                mask = mask & (h.nodes if h.nodes is not None else all_nodes)
+                preferred = preferred and h.preferred
+            if not mask:
+                continue
+            cand = Hint(mask, preferred)
+            if _better(cand, best):
+                best = cand
+        return best
+
+    # ------------------------------------------------------------------ device choice
+
+    async def _devices_to_allocate(
+        self,
+        pod: PodSpec,
+        c: ContainerSpec,
+        resource: str,
+        required: int,
+        reusable: set[str],
+        hint: Hint | None,
+    ) -> list[str]:
+        m = self.m
+        r = m.resources.get(resource)
+        if r is None:
+            raise _AllocFailed(f"cannot allocate unregistered device {resource}")
+        if not r.healthy:
+            raise _AllocFailed(
+                f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+            )
+        allocated: list[str] = []
+        chosen: set[str] = set()
+        needed = required
+
+        def take(devices: Sequence[str] | set[str]) -> bool:
+            nonlocal needed
+            for d in sorted(devices):
+                if needed == 0:
+                    return True
+                if d in chosen:
+                    continue
+                chosen.add(d)
+                allocated.append(d)
+                needed -= 1
+            return needed == 0
+
+        if take(reusable):
+            return allocated
+        available = r.healthy - m.allocated.get(resource, set())
+        if len(available) < needed:
+            raise _AllocFailed(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {needed}, Available: {len(available)}"
+            )
+        aligned: set[str] = set()
+        unaligned: set[str] = set()
+        no_topology: set[str] = set()
+        if hint is None or hint.nodes is None or not self._cares(resource):
+            no_topology = set(available)
+        else:
+            for d in available:
+                numa = r.devices[d].numa
+                if not numa:
+                    no_topology.add(d)
+                elif hint.nodes.intersection(numa):
+                    aligned.add(d)
+                else:
+                    unaligned.add(d)
+        if needed < len(aligned):
+            preferred = await self._preferred(
+                resource, aligned | chosen, set(allocated), required, pod, c
+            )
+            if take(preferred & aligned):
+                return allocated
+            if take(aligned):
+                return allocated
+        if take(aligned):
+            return allocated
+        preferred = await self._preferred(
+            resource, available | chosen, set(allocated), required, pod, c
+        )
+        if take(preferred & available):
+            return allocated
+        if take(unaligned) or take(no_topology):
+            return allocated
+        raise _AllocFailed(
+            "unexpectedly allocated less resources than required. "
+            f"Requested: {required}, Got: {required - needed}"
+        )
+
+    async def _preferred(
+        self,
+        resource: str,
+        available: set[str],
+        must_include: set[str],
+        size: int,
+        pod: PodSpec,
+        c: ContainerSpec,
+    ) -> set[str]:
+        r = self.m.resources[resource]
+        if not r.options.get_preferred_allocation_available or r.endpoint is None:
+            return set()
+        try:
+            ids = await r.endpoint.get_preferred_allocation(
+                sorted(available), sorted(must_include), size
+            )
+        except PluginRpcError as exc:
+            raise _AllocFailed(
+                "device plugin GetPreferredAllocation rpc failed with err: " + go_error_text(exc)
+            ) from exc
+        return set(ids)
+
+    # ------------------------------------------------------------------ admission
+
+    async def admit(self, pod: PodSpec) -> None:
+        """Allocate devices for every container of ``pod``; ``AdmissionError`` on failure."""
+        reuse: dict[str, set[str]] = {}
+        try:
+            for c in pod.containers:
+                await self._allocate_container(pod, c, reuse)
+                mine = self.m.container_devices(pod.uid, c.name)
+                for res, a in mine.items():
+                    if c.kind == "init":
+                        reuse.setdefault(res, set()).update(a.device_ids)
+                    else:
+                        reuse.setdefault(res, set()).difference_update(a.device_ids)
+        except _AllocFailed as exc:
+            self.m.remove_pod(pod.uid)
+            raise AdmissionError(
+                "UnexpectedAdmissionError", f"Allocate failed due to {exc}, which is unexpected"
+            ) from None
+
+    async def _allocate_container(
+        self, pod: PodSpec, c: ContainerSpec, reuse: dict[str, set[str]]
+    ) -> None:
+        hint = self.container_hint(c, reuse) if c.limits else None
+        for resource, count in sorted(c.limits.items()):
+            if count <= 0:
+                continue
+            ids = await self._devices_to_allocate(
+                pod, c, resource, count, reuse.get(resource, set()), hint
+            )
+            r = self.m.resources.get(resource)
+            ep = r.endpoint if r is not None else None
+            if ep is None:
+                raise _AllocFailed(f"unknown Device Plugin {resource}")
+            try:
+                raw = await ep.allocate_raw(ids)
+            except PluginRpcError as exc:
+                raise _AllocFailed(go_error_text(exc)) from exc
+            if raw is None:
+                raise _AllocFailed(
+                    "no containers return in allocation response "
+                    "&AllocateResponse{ContainerResponses:[]*ContainerAllocateResponse{},}"
+                )
+            self.m.add_allocation(pod.uid, c.name, resource, ids, raw)
+
+    async def start_containers(self, pod: PodSpec) -> dict[str, StartResult]:
+        """Start every container in order: PreStartContainer where the plugin requires it."""
+        out: dict[str, StartResult] = {}
+        for c in pod.containers:
+            error: str | None = None
+            for resource, a in sorted(self.m.container_devices(pod.uid, c.name).items()):
+                if c.limits.get(resource, 0) <= 0:
+                    continue
+                r = self.m.resources.get(resource)
+                if r is None or not r.options.pre_start_required:
+                    continue
+                if r.endpoint is None:
+                    error = f"endpoint not found in cache for a registered resource: {resource}"
+                    break
+                try:
+                    await r.endpoint.pre_start(a.device_ids)
+                except PluginRpcError as exc:
+                    error = "device plugin PreStartContainer rpc failed with err: " + go_error_text(
+                        exc
+                    )
+                    break
+            out[c.name] = StartResult(error is None, error)
+        return out
+
+
+def _better(a: Hint, b: Hint) -> bool:
+    """True if hint ``a`` beats ``b``: preferred first, then fewer NUMA nodes, then lower ids."""
+    if a.preferred != b.preferred:
+        return a.preferred
+    an = sorted(a.nodes or ())
+    bn = sorted(b.nodes or ())
+    if len(an) != len(bn):
+        return len(an) < len(bn)
+    return an < bn

@@ -1,0 +1,129 @@
+"""The control socket: newline-delimited JSON over a Unix socket, for the CLI and scripts.
+
+It lives OUTSIDE the device-plugin directory so neither a plugin nor a real kubelet can
+mistake it for a plugin socket: ``<DIR>/../kubedevice-emulator/<basename of DIR>.sock``
+(``control_socket_path``). One request per line, ``{"op": ..., ...}``; one reply per line,
+``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"type", "message", ...}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ControlServer", "call", "control_socket_path", "state_dir"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def state_dir(device_plugin_dir: Path) -> Path:
+    """The emulator's own directory next to the device-plugin dir."""
+    return device_plugin_dir.resolve().parent / "kubedevice-emulator"
+
+
+def control_socket_path(device_plugin_dir: str | Path) -> Path:
+    """Where the emulator for ``device_plugin_dir`` serves its control socket."""
+    d = Path(device_plugin_dir)
+    return state_dir(d) / f"{d.resolve().name}.sock"
+
+
+class ControlServer:
+    """Serves the control protocol; ``handler`` gets each request and returns the result."""
+
+    def __init__(self, path: Path, handler: Handler) -> None:
+        self.path = path
+        self._handler = handler
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Bind (mode 0600). A live socket at the path means another emulator is running."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_socket():
+            if _alive(self.path):
+                raise OSError(f"another emulator is serving {self.path}")
+            self.path.unlink()
+        old = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        finally:
+            os.umask(old)
+
+    async def stop(self) -> None:
+        """Stop serving and remove the socket."""
+        if self._server is not None:
+            self._server.close()
+            for t in list(self._conns):
+                t.cancel()
+            await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(OSError):
+            if self.path.is_socket():
+                self.path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            while line := await reader.readline():
+                try:
+                    req = json.loads(line)
+                    if not isinstance(req, dict):
+                        raise ValueError("request must be a JSON object")
+                    result = await self._handler(req)
+                    reply: dict[str, Any] = {"ok": True, "result": result}
+                except Exception as exc:
+                    err: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+                    for attr in ("reason", "message"):
+                        if hasattr(exc, attr):
+                            err[attr] = getattr(exc, attr)
+                    reply = {"ok": False, "error": err}
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+
+def _alive(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+def call(path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """Send one request and return the reply object (blocking; for the CLI)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(path))
+        s.sendall(json.dumps(request).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        s.close()
+    reply = json.loads(buf)
+    if not isinstance(reply, dict):
+        raise ValueError("bad reply from emulator")
+    return reply

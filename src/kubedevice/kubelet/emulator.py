@@ -1,0 +1,473 @@
+"""The emulator's façade: ``Emulator`` wires registration, manager, admission and sockets.
+
+Start-up follows the kubelet (contract §3.1): read the checkpoint (a corrupt or foreign one
+is moved aside and the emulator starts empty), remove every socket directly in the
+device-plugin dir (nothing else), restore allocations and stopped resources, then serve
+``Registration`` on ``kubelet.sock`` and PodResources next to it. Pods are held in memory
+(the emulator plays the API server too); with the control socket enabled they are also
+journaled next to it so that they survive a process restart. Every state change wakes
+``wait_until`` waiters; nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
+from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
+from kubedevice.kubelet.admission import Admitter, StartResult
+from kubedevice.kubelet.checkpoint import CheckpointWriter
+from kubedevice.kubelet.control import ControlServer, control_socket_path, state_dir
+from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
+from kubedevice.kubelet.events import EventLog, Notifier
+from kubedevice.kubelet.manager import DeviceManager
+from kubedevice.kubelet.podresources import PodResourcesServer
+from kubedevice.kubelet.pods import ContainerSpec, PodSpec, load_manifests, parse_pod
+from kubedevice.kubelet.registration import RegistrationServer
+from kubedevice.kubelet.runtime import merge_allocations
+from kubedevice.kubelet.types import (
+    AdmissionEvent,
+    ContainerAllocation,
+    ContainerStatus,
+    KubeletStartedEvent,
+    NodeStatus,
+    PodStatus,
+    ResourceStatus,
+    to_jsonable,
+)
+
+__all__ = ["Emulator"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Pod:
+    spec: PodSpec
+    started: dict[str, StartResult] = field(default_factory=dict)
+
+
+class Emulator:
+    """The kubelet device manager, emulated in-process (async context manager).
+
+    Args:
+        device_plugin_dir: the directory plugins put their sockets in (``kubelet.sock`` and
+            ``kubelet_internal_checkpoint`` live here too). Give each emulator its own
+            directory, ideally a sub-directory (e.g. ``<tmp>/device-plugins``): the
+            PodResources socket and the control socket are derived from its parent.
+        grace_period_s: how long a disconnected resource is kept (kubelet: 5 min).
+        per_socket_clients: key plugin clients by (resource, socket) like the 2026 fix
+            (kubernetes PR #135437) instead of by resource name (kubernetes#121994).
+        pod_resources_socket: PodResources socket; default ``DIR/../pod-resources/kubelet.sock``.
+        control_socket: serve the CLI control socket (``control.control_socket_path``) and
+            journal pods next to it.
+        dial_timeout_s: the kubelet's dial deadline during Register (10 s).
+    """
+
+    def __init__(
+        self,
+        device_plugin_dir: str | Path,
+        *,
+        grace_period_s: float = 300.0,
+        per_socket_clients: bool = False,
+        pod_resources_socket: Path | None = None,
+        control_socket: bool = True,
+        dial_timeout_s: float = DIAL_TIMEOUT_S,
+    ) -> None:
+        self.device_plugin_dir = Path(device_plugin_dir).absolute()
+        self.kubelet_socket = self.device_plugin_dir / KUBELET_SOCKET
+        self.checkpoint_path = self.device_plugin_dir / CHECKPOINT_FILE
+        self.pod_resources_socket = Path(
+            pod_resources_socket
+            if pod_resources_socket is not None
+            else self.device_plugin_dir.parent / "pod-resources" / "kubelet.sock"
+        )
+        self.control_socket: Path | None = (
+            control_socket_path(self.device_plugin_dir) if control_socket else None
+        )
+        self.grace_period_s = grace_period_s
+        self.per_socket_clients = per_socket_clients
+        self.dial_timeout_s = dial_timeout_s
+        #: Problems met reading checkpoints (each also logged); the file was moved aside.
+        self.checkpoint_errors: list[str] = []
+        self._notifier: Notifier | None = None
+        self._events: EventLog | None = None
+        self._manager: DeviceManager | None = None
+        self._admitter: Admitter | None = None
+        self._registration: RegistrationServer | None = None
+        self._podresources: PodResourcesServer | None = None
+        self._control: ControlServer | None = None
+        self._pods: dict[tuple[str, str], _Pod] = {}
+        self._admit_lock: asyncio.Lock | None = None
+        self._running = False
+        self._journal: Path | None = None
+        if control_socket:
+            self._journal = (
+                state_dir(self.device_plugin_dir) / f"{self.device_plugin_dir.name}.pods.jsonl"
+            )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Emulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @property
+    def events(self) -> EventLog:
+        """Append-only log of typed event records (monotonic timestamps)."""
+        if self._events is None:
+            self._notifier = Notifier()
+            self._events = EventLog(self._notifier)
+        return self._events
+
+    @property
+    def _m(self) -> DeviceManager:
+        if self._manager is None:
+            raise EmulatorError("the emulator is not started")
+        return self._manager
+
+    async def start(self) -> None:
+        """Read the checkpoint, clean the dir, serve kubelet.sock, PodResources and control."""
+        if self._running:
+            raise EmulatorError("the emulator is already running")
+        events = self.events
+        assert self._notifier is not None
+        self._admit_lock = asyncio.Lock()
+        self._manager = DeviceManager(
+            self.device_plugin_dir,
+            CheckpointWriter(self.checkpoint_path),
+            events,
+            self._notifier,
+            grace_period_s=self.grace_period_s,
+            per_socket_clients=self.per_socket_clients,
+        )
+        self._admitter = Admitter(self._manager)
+        if self.control_socket is not None:
+            self._control = ControlServer(self.control_socket, self._handle_control)
+            await self._control.start()
+        try:
+            self._replay_journal()
+            await self._start_kubelet(restart=False)
+        except BaseException:
+            if self._control is not None:
+                await self._control.stop()
+                self._control = None
+            raise
+        self._running = True
+
+    async def stop(self) -> None:
+        """Disconnect every plugin and stop serving (idempotent)."""
+        if not self._running:
+            return
+        self._running = False
+        await self._stop_kubelet()
+        if self._control is not None:
+            await self._control.stop()
+            self._control = None
+
+    async def restart(self) -> None:
+        """Simulate a kubelet restart: disconnect plugins, wipe sockets, re-read the checkpoint."""
+        if not self._running:
+            raise EmulatorError("the emulator is not running")
+        await self._stop_kubelet()
+        await self._start_kubelet(restart=True)
+
+    async def _start_kubelet(self, *, restart: bool) -> None:
+        m = self._m
+        d = self.device_plugin_dir
+        d.mkdir(parents=True, exist_ok=True, mode=0o750)
+        data = None
+        try:
+            data = m.read_checkpoint(self.checkpoint_path)
+        except CheckpointError as exc:
+            aside = self.checkpoint_path.with_name(
+                f"{CHECKPOINT_FILE}.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+                f"-{time.time_ns() % 1_000_000_000:09d}"
+            )
+            with contextlib.suppress(OSError):
+                os.replace(self.checkpoint_path, aside)
+            msg = f"{exc}; moved aside to {aside.name}, starting empty"
+            self.checkpoint_errors.append(msg)
+            log.error("failed to read checkpoint: %s", msg)
+        self._cleanup_sockets()
+        m.reset()
+        if data is not None:
+            m.restore(data)
+        else:
+            m.write_checkpoint()
+        self._registration = RegistrationServer(
+            self.kubelet_socket, self.events, m.plugin_connected, dial_timeout_s=self.dial_timeout_s
+        )
+        await self._registration.start()
+        self._podresources = PodResourcesServer(self.pod_resources_socket, m, self._pod_specs)
+        await self._podresources.start()
+        self.events.append(
+            KubeletStartedEvent(
+                t=self.events.now(), socket=str(self.kubelet_socket), restart=restart
+            )
+        )
+        log.info("kubelet emulator serving", extra={"socket": str(self.kubelet_socket)})
+
+    async def _stop_kubelet(self) -> None:
+        if self._registration is not None:
+            await self._registration.stop()
+            self._registration = None
+        if self._manager is not None:
+            await self._manager.disconnect_all()
+        if self._podresources is not None:
+            await self._podresources.stop()
+            self._podresources = None
+
+    def _cleanup_sockets(self) -> None:
+        for entry in os.scandir(self.device_plugin_dir):
+            try:
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+
+    # ------------------------------------------------------------------ node
+
+    def node(self) -> NodeStatus:
+        """Per resource: capacity, allocatable, devices (id, health, NUMA)."""
+        return self._m.node()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:  # noqa: ASYNC109
+        """Return once ``predicate()`` holds (re-checked on each change); else TimeoutError."""
+        self.events  # noqa: B018 - make sure the notifier exists
+        assert self._notifier is not None
+        await self._notifier.wait_until(predicate, timeout)
+
+    async def wait_for_resource(
+        self,
+        resource: str,
+        *,
+        allocatable: int | None = None,
+        timeout: float = 5.0,  # noqa: ASYNC109
+    ) -> ResourceStatus:
+        """Wait until ``resource`` is listed (with ``allocatable`` devices if given)."""
+        found: list[ResourceStatus] = []
+
+        def check() -> bool:
+            s = self._m.resource_status(resource)
+            if s is None or (allocatable is not None and s.allocatable != allocatable):
+                return False
+            found.append(s)
+            return True
+
+        await self.wait_until(check, timeout)
+        return found[-1]
+
+    def endpoint(self, resource: str) -> PluginEndpoint:
+        """The endpoint currently registered for ``resource`` (EmulatorError if none)."""
+        ep = self._m.endpoint(resource)
+        if ep is None:
+            raise EmulatorError(f"no plugin endpoint for {resource}")
+        return ep
+
+    # ------------------------------------------------------------------ pods
+
+    def _pod_specs(self) -> list[PodSpec]:
+        return [p.spec for p in self._pods.values()]
+
+    def _status(self, pod: _Pod) -> PodStatus:
+        containers = []
+        for c in pod.spec.containers:
+            allocs = self._m.container_devices(pod.spec.uid, c.name)
+            per_res: dict[str, ContainerAllocation] = {}
+            for res, a in allocs.items():
+                per_res[res] = (
+                    allocation_from_bytes(a.response) if a.response else ContainerAllocation()
+                )
+            start = pod.started.get(c.name, StartResult(True))
+            containers.append(
+                ContainerStatus(
+                    name=c.name,
+                    kind=c.kind,
+                    devices={r: allocs[r].device_ids for r in sorted(allocs)},
+                    runtime=merge_allocations(per_res),
+                    started=start.started,
+                    start_error=start.error,
+                )
+            )
+        return PodStatus(pod.spec.name, pod.spec.namespace, pod.spec.uid, tuple(containers))
+
+    def pods(self) -> list[PodStatus]:
+        """Every admitted pod with, per container, its devices and merged runtime view."""
+        return [self._status(p) for _, p in sorted(self._pods.items())]
+
+    def pod(self, name: str, namespace: str = "default") -> PodStatus:
+        """One admitted pod (EmulatorError if absent)."""
+        p = self._pods.get((namespace, name))
+        if p is None:
+            raise EmulatorError(f'pods "{name}" not found in namespace "{namespace}"')
+        return self._status(p)
+
+    async def apply_pod(self, manifest: Mapping[str, Any] | str) -> PodStatus:
+        """Validate and admit one pod; ``ManifestError`` or ``AdmissionError`` on refusal."""
+        if isinstance(manifest, str):
+            docs = load_manifests(manifest)
+            if len(docs) != 1:
+                raise ManifestError(f"expected one object, found {len(docs)}")
+            manifest = docs[0]
+        spec = parse_pod(manifest)
+        key = (spec.namespace, spec.name)
+        assert self._admit_lock is not None
+        assert self._admitter is not None
+        async with self._admit_lock:
+            if key in self._pods:
+                raise ManifestError(f'pods "{spec.name}" already exists')
+            self._gc_allocations()
+            try:
+                self._check_known_resources(spec)
+                await self._admitter.admit(spec)
+            except AdmissionError as exc:
+                self.events.append(
+                    AdmissionEvent(
+                        t=self.events.now(),
+                        pod=spec.name,
+                        namespace=spec.namespace,
+                        reason=exc.reason,
+                        message=exc.message,
+                    )
+                )
+                raise
+            pod = _Pod(spec)
+            self._pods[key] = pod
+            pod.started = await self._admitter.start_containers(spec)
+            self._journal_write({"add": _spec_to_json(pod)})
+            self.events.append(
+                AdmissionEvent(t=self.events.now(), pod=spec.name, namespace=spec.namespace)
+            )
+        return self._status(pod)
+
+    def _check_known_resources(self, spec: PodSpec) -> None:
+        # A real kubelet silently skips an extended resource no plugin ever registered (the
+        # scheduler would not have placed the pod); the emulator, being the scheduler too,
+        # refuses it with the device manager's "unregistered" text instead.
+        m = self._m
+        for c in spec.containers:
+            for res, n in sorted(c.limits.items()):
+                if n > 0 and res not in m.resources and res not in m.allocated:
+                    raise AdmissionError(
+                        "UnexpectedAdmissionError",
+                        f"Allocate failed due to cannot allocate unregistered device {res}, "
+                        "which is unexpected",
+                    )
+
+    def _gc_allocations(self) -> None:
+        live = {p.spec.uid for p in self._pods.values()}
+        for uid in list(self._m.pod_devices):
+            if uid not in live:
+                self._m.remove_pod(uid)
+
+    async def delete_pod(self, name: str, namespace: str = "default") -> None:
+        """Delete a pod and free its devices (EmulatorError if absent)."""
+        assert self._admit_lock is not None
+        async with self._admit_lock:
+            pod = self._pods.pop((namespace, name), None)
+            if pod is None:
+                raise EmulatorError(f'pods "{name}" not found in namespace "{namespace}"')
+            self._m.remove_pod(pod.spec.uid)
+            self._journal_write({"del": pod.spec.uid})
+
+    # ------------------------------------------------------------------ journal
+
+    def _journal_write(self, record: dict[str, Any]) -> None:
+        if self._journal is None:
+            return
+        try:
+            with self._journal.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            log.error("cannot write pod journal: %s", exc)
+
+    def _replay_journal(self) -> None:
+        if self._journal is None or self._pods:
+            return
+        try:
+            lines = self._journal.read_text().splitlines()
+        except OSError:
+            return
+        pods: dict[str, _Pod] = {}
+        for line in lines:
+            try:
+                rec = json.loads(line)
+                if "add" in rec:
+                    p = _spec_from_json(rec["add"])
+                    pods[p.spec.uid] = p
+                elif "del" in rec:
+                    pods.pop(rec["del"], None)
+            except (ValueError, KeyError, TypeError):
+                log.warning("skipping a bad pod journal line")
+        self._pods = {(p.spec.namespace, p.spec.name): p for p in pods.values()}
+        with contextlib.suppress(OSError):
+            self._journal.write_text(
+                "".join(json.dumps({"add": _spec_to_json(p)}) + "\n" for p in pods.values())
+            )
+
+    # ------------------------------------------------------------------ control socket
+
+    async def _handle_control(self, req: dict[str, Any]) -> Any:
+        op = req.get("op")
+        if op == "ping":
+            return {"pid": os.getpid()}
+        if op == "node":
+            return self.node().to_dict()
+        if op == "apply":
+            manifest = req.get("manifest")
+            if not isinstance(manifest, dict | str):
+                raise ManifestError("apply needs a manifest object")
+            return (await self.apply_pod(manifest)).to_dict()
+        if op == "delete":
+            await self.delete_pod(str(req.get("name")), str(req.get("namespace") or "default"))
+            return {}
+        if op == "get":
+            return self.pod(str(req.get("name")), str(req.get("namespace") or "default")).to_dict()
+        if op == "list":
+            ns = req.get("namespace")
+            return [p.to_dict() for p in self.pods() if ns is None or p.namespace == ns]
+        if op == "restart":
+            await self.restart()
+            return {}
+        if op == "events":
+            return [to_jsonable(e) for e in self.events]
+        raise EmulatorError(f"unknown control op {op!r}")
+
+
+def _spec_to_json(p: _Pod) -> dict[str, Any]:
+    s = p.spec
+    return {
+        "name": s.name,
+        "namespace": s.namespace,
+        "uid": s.uid,
+        "containers": [[c.name, c.kind, c.limits] for c in s.containers],
+        "started": {k: [v.started, v.error] for k, v in p.started.items()},
+    }
+
+
+def _spec_from_json(d: dict[str, Any]) -> _Pod:
+    spec = PodSpec(
+        d["name"],
+        d["namespace"],
+        d["uid"],
+        tuple(ContainerSpec(c[0], c[1], dict(c[2])) for c in d["containers"]),
+    )
+    started = {k: StartResult(bool(v[0]), v[1]) for k, v in d.get("started", {}).items()}
+    return _Pod(spec, started)

@@ -1,0 +1,339 @@
+"""Device sets per resource, capacity/allocatable, endpoints, grace period, pod devices.
+
+Mirrors the kubelet's ``manager.go`` state half (the admission half is ``admission.py``):
+every ListAndWatch message replaces a resource's device sets; a stream end marks all its
+devices unhealthy (allocatable 0, capacity kept) and starts the grace period; allocations
+(pod → container → resource → devices + cached Allocate response) are kept here and in the
+checkpoint, which is rewritten after every message and allocation like the kubelet does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubedevice._api import NODE_WITHOUT_TOPOLOGY
+from kubedevice.errors import CheckpointError
+from kubedevice.kubelet.checkpoint import CheckpointData, CheckpointEntry, CheckpointWriter
+from kubedevice.kubelet.endpoint import PluginEndpoint
+from kubedevice.kubelet.events import EventLog, Notifier
+from kubedevice.kubelet.types import (
+    DeviceStatus,
+    ListAndWatchEvent,
+    NodeStatus,
+    PluginOptions,
+    ResourceRemovedEvent,
+    ResourceStatus,
+    StreamEndEvent,
+)
+
+__all__ = ["Allocation", "DeviceManager"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Allocation:
+    """Devices of one (pod, container, resource) and the cached Allocate response bytes."""
+
+    device_ids: tuple[str, ...]
+    by_numa: dict[int, list[str]]
+    response: bytes | None
+
+
+@dataclass(slots=True)
+class _Resource:
+    name: str
+    devices: dict[str, DeviceStatus] = field(default_factory=dict)
+    healthy: set[str] = field(default_factory=set)
+    unhealthy: set[str] = field(default_factory=set)
+    endpoint: PluginEndpoint | None = None
+    options: PluginOptions = field(default_factory=PluginOptions)
+    stop_time: float | None = None
+    has_sets: bool = False
+    grace: asyncio.TimerHandle | None = None
+
+
+class DeviceManager:
+    """The device manager's state; all methods run on the emulator's event loop."""
+
+    def __init__(
+        self,
+        device_plugin_dir: Path,
+        checkpoint: CheckpointWriter,
+        events: EventLog,
+        notifier: Notifier,
+        *,
+        grace_period_s: float,
+        per_socket_clients: bool,
+    ) -> None:
+        self.dir = device_plugin_dir
+        self.checkpoint = checkpoint
+        self.events = events
+        self.notifier = notifier
+        self.grace_period_s = grace_period_s
+        self.per_socket_clients = per_socket_clients
+        self.resources: dict[str, _Resource] = {}
+        self.clients: dict[tuple[str, str], PluginEndpoint] = {}
+        self.pod_devices: dict[str, dict[str, dict[str, Allocation]]] = {}
+        self.allocated: dict[str, set[str]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ keys / lookups
+
+    def _client_key(self, resource: str, socket: Path) -> tuple[str, str]:
+        return (resource, str(socket) if self.per_socket_clients else "")
+
+    def endpoint(self, resource: str) -> PluginEndpoint | None:
+        """The endpoint currently stored for ``resource`` (None if never or no longer)."""
+        r = self.resources.get(resource)
+        return r.endpoint if r is not None else None
+
+    def _res(self, name: str) -> _Resource:
+        r = self.resources.get(name)
+        if r is None:
+            r = self.resources[name] = _Resource(name)
+        return r
+
+    # ------------------------------------------------------------------ plugin lifecycle
+
+    def plugin_connected(self, ep: PluginEndpoint) -> None:
+        """Store ``ep`` for its resource (replacing any previous one) and start its reader."""
+        self.clients[self._client_key(ep.resource, ep.socket_path)] = ep
+        r = self._res(ep.resource)
+        r.endpoint = ep
+        r.options = ep.options
+        r.stop_time = None
+        if r.grace is not None:
+            r.grace.cancel()
+            r.grace = None
+        ep.start_reader(self._on_message, self._on_stream_end)
+        self.notifier.notify()
+
+    def _on_message(self, ep: PluginEndpoint, devices: tuple[DeviceStatus, ...]) -> None:
+        r = self._res(ep.resource)
+        r.devices = {d.id: d for d in devices}
+        r.healthy = {d.id for d in devices if d.healthy}
+        r.unhealthy = {d.id for d in devices if not d.healthy}
+        r.has_sets = True
+        self.events.append(
+            ListAndWatchEvent(
+                t=self.events.now(),
+                resource=ep.resource,
+                socket=str(ep.socket_path),
+                devices=len(r.devices),
+                healthy=len(r.healthy),
+            )
+        )
+        self.write_checkpoint()
+
+    def _on_stream_end(self, ep: PluginEndpoint, reason: str) -> None:
+        key = self._client_key(ep.resource, ep.socket_path)
+        current = self.clients.get(key)
+        disconnected = False
+        if current is not None:
+            # Released kubelets (per-name keys) find whatever client is registered under the
+            # name now, possibly a newer one, and disconnect it (kubernetes#121994).
+            del self.clients[key]
+            self._close_later(current)
+            r = self.resources.get(ep.resource)
+            if r is not None and r.endpoint is current:
+                self._plugin_disconnected(r)
+                disconnected = True
+        if current is not ep:
+            self._close_later(ep)
+        self.events.append(
+            StreamEndEvent(
+                t=self.events.now(),
+                resource=ep.resource,
+                socket=str(ep.socket_path),
+                reason=reason,
+                disconnected=disconnected,
+            )
+        )
+
+    def _close_later(self, ep: PluginEndpoint) -> None:
+        task = asyncio.get_running_loop().create_task(ep.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _plugin_disconnected(self, r: _Resource) -> None:
+        r.unhealthy |= r.healthy
+        r.healthy = set()
+        r.stop_time = self.events.now()
+        self._arm_grace(r)
+        self.write_checkpoint()
+
+    def _arm_grace(self, r: _Resource) -> None:
+        if r.grace is not None:
+            r.grace.cancel()
+        r.grace = asyncio.get_running_loop().call_later(
+            self.grace_period_s, self._grace_expired, r.name
+        )
+
+    def _grace_expired(self, name: str) -> None:
+        r = self.resources.get(name)
+        if r is None or r.stop_time is None:
+            return
+        del self.resources[name]
+        self.events.append(ResourceRemovedEvent(t=self.events.now(), resource=name))
+        self.write_checkpoint()
+
+    async def disconnect_all(self) -> None:
+        """Kubelet stop: disconnect every client (like plugins dying), close channels."""
+        eps = list(self.clients.values())
+        self.clients.clear()
+        for r in self.resources.values():
+            if r.endpoint is not None and r.stop_time is None:
+                r.unhealthy |= r.healthy
+                r.healthy = set()
+                r.stop_time = self.events.now()
+            if r.grace is not None:
+                r.grace.cancel()
+                r.grace = None
+        all_eps = {id(e): e for e in eps}
+        for r in self.resources.values():
+            if r.endpoint is not None:
+                all_eps[id(r.endpoint)] = r.endpoint
+        await asyncio.gather(*(e.close() for e in all_eps.values()), return_exceptions=True)
+        if self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
+        self.notifier.notify()
+
+    def reset(self) -> None:
+        """Forget everything (a new kubelet process starts empty)."""
+        for r in self.resources.values():
+            if r.grace is not None:
+                r.grace.cancel()
+        self.resources.clear()
+        self.clients.clear()
+        self.pod_devices.clear()
+        self.allocated.clear()
+        self.checkpoint.clear()
+        self.checkpoint.set_registered({})
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def restore(self, data: CheckpointData) -> None:
+        """Load allocations and stopped resources from a checkpoint (kubelet start-up)."""
+        for e in data.entries or ():
+            by_numa = {k: list(v or ()) for k, v in (e.device_ids or {}).items()}
+            ids: list[str] = []
+            for v in by_numa.values():
+                ids.extend(x for x in v if x not in ids)
+            self._store(
+                e.pod_uid, e.container, e.resource, Allocation(tuple(ids), by_numa, e.alloc_resp)
+            )
+        for name in data.registered or {}:
+            r = self._res(name)
+            r.has_sets = True
+            r.stop_time = self.events.now()
+            self._arm_grace(r)
+        self.write_checkpoint()
+
+    def write_checkpoint(self) -> None:
+        """Rewrite the checkpoint (healthy IDs per resource + all allocations)."""
+        self.checkpoint.set_registered(
+            {n: sorted(r.healthy) for n, r in self.resources.items() if r.has_sets}
+        )
+        try:
+            self.checkpoint.write()
+        except OSError as exc:  # the kubelet logs and carries on
+            log.error("failed to write checkpoint: %s", exc)
+        self.notifier.notify()
+
+    @staticmethod
+    def read_checkpoint(path: Path) -> CheckpointData | None:
+        """The checkpoint at ``path``; None if absent. ``CheckpointError`` if unreadable."""
+        from kubedevice.kubelet.checkpoint import loads
+
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        return loads(raw)
+
+    # ------------------------------------------------------------------ allocations
+
+    def _store(self, pod_uid: str, container: str, resource: str, a: Allocation) -> None:
+        self.pod_devices.setdefault(pod_uid, {}).setdefault(container, {})[resource] = a
+        self.allocated.setdefault(resource, set()).update(a.device_ids)
+        self.checkpoint.set_entry(
+            CheckpointEntry(pod_uid, container, resource, a.by_numa, a.response)
+        )
+
+    def add_allocation(
+        self, pod_uid: str, container: str, resource: str, ids: Iterable[str], response: bytes
+    ) -> None:
+        """Record a successful Allocate and write the checkpoint."""
+        ids = tuple(ids)
+        r = self.resources.get(resource)
+        by_numa: dict[int, list[str]] = {}
+        for i in ids:
+            d = r.devices.get(i) if r is not None else None
+            for n in d.numa if d is not None and d.numa else (NODE_WITHOUT_TOPOLOGY,):
+                by_numa.setdefault(n, []).append(i)
+        self._store(pod_uid, container, resource, Allocation(ids, by_numa, response))
+        self.write_checkpoint()
+
+    def remove_pod(self, pod_uid: str) -> None:
+        """Free every device of ``pod_uid`` and write the checkpoint."""
+        if self.pod_devices.pop(pod_uid, None) is None:
+            return
+        self.checkpoint.remove_pod(pod_uid)
+        self._recompute_allocated()
+        self.write_checkpoint()
+
+    def _recompute_allocated(self) -> None:
+        alloc: dict[str, set[str]] = {}
+        for containers in self.pod_devices.values():
+            for resources in containers.values():
+                for res, a in resources.items():
+                    alloc.setdefault(res, set()).update(a.device_ids)
+        self.allocated = alloc
+
+    def container_devices(self, pod_uid: str, container: str) -> dict[str, Allocation]:
+        """Allocations of one container, by resource."""
+        return self.pod_devices.get(pod_uid, {}).get(container, {})
+
+    # ------------------------------------------------------------------ status
+
+    def resource_status(self, name: str) -> ResourceStatus | None:
+        """Status of one resource; None if the node does not list it."""
+        r = self.resources.get(name)
+        if r is None or not r.has_sets:
+            return None
+        now = self.events.now()
+        return ResourceStatus(
+            name=name,
+            capacity=len(r.healthy) + len(r.unhealthy),
+            allocatable=len(r.healthy),
+            allocated=len(self.allocated.get(name, ())),
+            connected=r.endpoint is not None and r.stop_time is None,
+            endpoint=str(r.endpoint.socket_path) if r.endpoint is not None else None,
+            devices=tuple(r.devices[k] for k in sorted(r.devices)),
+            options=r.options,
+            stopped_for_s=None if r.stop_time is None else now - r.stop_time,
+        )
+
+    def node(self) -> NodeStatus:
+        """Capacity, allocatable and devices of every listed resource."""
+        out: dict[str, ResourceStatus] = {}
+        for name in sorted(self.resources):
+            s = self.resource_status(name)
+            if s is not None:
+                out[name] = s
+        return NodeStatus(resources=out, numa_nodes=self.numa_nodes())
+
+    def numa_nodes(self) -> tuple[int, ...]:
+        """The emulated machine's NUMA nodes: every id some device reports."""
+        ids: set[int] = set()
+        for r in self.resources.values():
+            for d in r.devices.values():
+                ids.update(d.numa)
+        return tuple(sorted(ids))

@@ -1,0 +1,124 @@
+"""PodResources ``v1`` server (List, GetAllocatableResources, Get) on its own socket.
+
+Reports devices as the kubelet does (contract §4): one ``ContainerDevices`` per
+(device, NUMA node) with a single id and a single-node topology; a device without topology
+yields one element without topology. Regular init containers are omitted from pods;
+sidecars and app containers are listed. No rate limit is applied.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc import aio
+
+from kubedevice._api import NODE_WITHOUT_TOPOLOGY, pr, pr_grpc
+from kubedevice.kubelet.manager import DeviceManager
+from kubedevice.kubelet.pods import PodSpec
+
+__all__ = ["PodResourcesServer"]
+
+
+@dataclass(frozen=True, slots=True)
+class _PodRef:
+    spec: PodSpec
+
+
+def _device_elements(resource: str, by_numa: dict[int, list[str]]) -> Iterable[pr.ContainerDevices]:
+    for numa in sorted(by_numa):
+        for dev in sorted(by_numa[numa]):
+            cd = pr.ContainerDevices(resource_name=resource, device_ids=[dev])
+            if numa != NODE_WITHOUT_TOPOLOGY:
+                cd.topology.nodes.add(ID=numa)
+            yield cd
+
+
+class _Servicer(pr_grpc.PodResourcesListerServicer):
+    def __init__(self, server: PodResourcesServer) -> None:
+        self._s = server
+
+    async def List(
+        self, request: pr.ListPodResourcesRequest, context: aio.ServicerContext[object, object]
+    ) -> pr.ListPodResourcesResponse:
+        return pr.ListPodResourcesResponse(
+            pod_resources=[self._s.pod_resources(p) for p in self._s.pods()]
+        )
+
+    async def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest, context: aio.ServicerContext[object, object]
+    ) -> pr.AllocatableResourcesResponse:
+        out = pr.AllocatableResourcesResponse()
+        m = self._s.manager
+        for name in sorted(m.resources):
+            r = m.resources[name]
+            for dev_id in sorted(r.healthy):
+                d = r.devices.get(dev_id)
+                numa = d.numa if d is not None and d.numa else (NODE_WITHOUT_TOPOLOGY,)
+                out.devices.extend(_device_elements(name, {n: [dev_id] for n in numa}))
+        return out
+
+    async def Get(
+        self, request: pr.GetPodResourcesRequest, context: aio.ServicerContext[object, object]
+    ) -> pr.GetPodResourcesResponse:
+        for p in self._s.pods():
+            if p.name == request.pod_name and p.namespace == request.pod_namespace:
+                return pr.GetPodResourcesResponse(pod_resources=self._s.pod_resources(p))
+        await context.abort(
+            grpc.StatusCode.UNKNOWN,
+            f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+        )
+        raise AssertionError("unreachable")
+
+
+class PodResourcesServer:
+    """Serves ``v1.PodResourcesLister`` on ``socket_path`` (mode 0600)."""
+
+    def __init__(
+        self, socket_path: Path, manager: DeviceManager, pods: Callable[[], list[PodSpec]]
+    ) -> None:
+        self.socket_path = socket_path
+        self.manager = manager
+        self.pods = pods
+        self._server: aio.Server | None = None
+
+    def pod_resources(self, p: PodSpec) -> pr.PodResources:
+        """One pod as PodResources reports it."""
+        out = pr.PodResources(name=p.name, namespace=p.namespace)
+        for c in p.containers:
+            if c.kind == "init":
+                continue
+            cr = out.containers.add(name=c.name)
+            for res, a in sorted(self.manager.container_devices(p.uid, c.name).items()):
+                cr.devices.extend(_device_elements(res, a.by_numa))
+        return out
+
+    async def start(self) -> None:
+        """Bind and serve (removes a stale socket first)."""
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.socket_path.is_socket():
+            self.socket_path.unlink()
+        server = aio.server()
+        pr_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
+        old = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+            await server.start()
+        finally:
+            os.umask(old)
+        os.chmod(self.socket_path, 0o600)
+        self._server = server
+
+    async def stop(self) -> None:
+        """Stop serving and remove the socket."""
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None
+        try:
+            if self.socket_path.is_socket():
+                self.socket_path.unlink()
+        except OSError:
+            pass

@@ -1,0 +1,126 @@
+"""Prometheus metrics of one plugin server, in its own registry (never the global one).
+
+``prometheus_client`` is imported only when a :class:`PluginMetrics` is created, so a
+plugin that does not ask for metrics does not pay for the import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["PluginMetrics"]
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+
+class PluginMetrics:
+    """The SDK's metrics for every plugin of one server, labelled by ``resource``.
+
+    Metrics: ``kubedevice_plugin_registrations_total``,
+    ``kubedevice_plugin_reregistrations_total``, ``kubedevice_plugin_allocate_total``,
+    ``kubedevice_plugin_allocate_errors_total`` (label ``code``),
+    ``kubedevice_plugin_allocate_seconds`` (histogram), ``kubedevice_plugin_devices``
+    (label ``health``) and ``kubedevice_plugin_listandwatch_streams``.
+
+    Args:
+        registry: Where to register; a fresh ``CollectorRegistry`` when ``None``.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry: CollectorRegistry = registry or CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self._registrations = Counter(
+            "kubedevice_plugin_registrations",
+            "Successful Register calls to the kubelet.",
+            ["resource"],
+            registry=reg,
+        )
+        self._reregistrations = Counter(
+            "kubedevice_plugin_reregistrations",
+            "Successful Register calls after the first one (kubelet restarts, lost streams).",
+            ["resource"],
+            registry=reg,
+        )
+        self._allocations = Counter(
+            "kubedevice_plugin_allocate", "Allocate RPCs received.", ["resource"], registry=reg
+        )
+        self._allocation_errors = Counter(
+            "kubedevice_plugin_allocate_errors",
+            "Allocate RPCs answered with an error, by gRPC status code.",
+            ["resource", "code"],
+            registry=reg,
+        )
+        self._allocate_seconds = Histogram(
+            "kubedevice_plugin_allocate_seconds",
+            "Time spent answering Allocate.",
+            ["resource"],
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self._devices = Gauge(
+            "kubedevice_plugin_devices",
+            "Devices in the current snapshot, by health.",
+            ["resource", "health"],
+            registry=reg,
+        )
+        self._streams = Gauge(
+            "kubedevice_plugin_listandwatch_streams",
+            "Open ListAndWatch streams.",
+            ["resource"],
+            registry=reg,
+        )
+
+    def registered(self, resource: str, count: int) -> None:
+        """Record the ``count``-th successful registration of ``resource``."""
+        self._registrations.labels(resource).inc()
+        if count > 1:
+            self._reregistrations.labels(resource).inc()
+
+    def allocated(self, resource: str, seconds: float, error_code: str | None) -> None:
+        """Record one Allocate RPC, its duration and its error code (``None`` if OK)."""
+        self._allocations.labels(resource).inc()
+        self._allocate_seconds.labels(resource).observe(seconds)
+        if error_code is not None:
+            self._allocation_errors.labels(resource, error_code).inc()
+
+    def devices(self, resource: str, healthy: int, unhealthy: int) -> None:
+        """Set the device counts of ``resource``'s current snapshot."""
+        self._devices.labels(resource, "Healthy").set(healthy)
+        self._devices.labels(resource, "Unhealthy").set(unhealthy)
+
+    def streams(self, resource: str, open_streams: int) -> None:
+        """Set the number of open ListAndWatch streams of ``resource``."""
+        self._streams.labels(resource).set(open_streams)
+
+    def forget(self, resource: str) -> None:
+        """Drop the gauges of a removed resource (counters keep their history)."""
+        for gauge, labels in (
+            (self._devices, [(resource, "Healthy"), (resource, "Unhealthy")]),
+            (self._streams, [(resource,)]),
+        ):
+            for label in labels:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*label)
+
+    def serve_http(self, address: str) -> Any:
+        """Expose the registry over HTTP on ``address`` (``host:port`` or ``:port``).
+
+        Args:
+            address: Where to listen.
+
+        Returns:
+            The HTTP server; call ``shutdown()`` on it to stop.
+        """
+        from prometheus_client import start_http_server
+
+        host, _, port = address.rpartition(":")
+        server, _thread = start_http_server(
+            int(port), addr=host or "0.0.0.0", registry=self.registry
+        )
+        return server

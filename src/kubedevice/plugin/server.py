@@ -1,0 +1,543 @@
+"""PluginServer: hosts N plugins, each on its own socket, and keeps them registered.
+
+Per plugin: bind the socket (mode 0600) and serve, then register with the kubelet, then
+wait for a reason to start over: our socket deleted, ``kubelet.sock`` re-created, or the
+kubelet's ListAndWatch stream closed and not reopened while ``kubelet.sock`` still
+exists. All of it is driven by inotify events on the device plugin directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import stat
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES, KUBELET_SOCKET
+from kubedevice.errors import ConfigError, KubeDeviceError, PluginServerError
+from kubedevice.plugin.base import DevicePlugin
+from kubedevice.plugin.config import (
+    MAX_SOCKET_PATH_BYTES,
+    resolve_device_plugin_dir,
+    validate_socket_name,
+)
+from kubedevice.plugin.registration import Backoff, register
+from kubedevice.plugin.servicer import DeviceTable, make_handler
+from kubedevice.plugin.watch import OVERFLOW, DirWatcher
+
+if TYPE_CHECKING:
+    from kubedevice.plugin.metrics import PluginMetrics
+
+__all__ = ["PluginServer", "ServerState"]
+
+log = logging.getLogger(__name__)
+
+
+class ServerState(enum.Enum):
+    """Lifecycle of a :class:`PluginServer`."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class _Phase(enum.Enum):
+    IDLE = "idle"  # not serving
+    SERVING = "serving"  # socket bound, not yet registered
+    REGISTERED = "registered"
+
+
+def _inode(path: Path) -> tuple[int, int, int] | None:
+    """Identity of the socket at ``path`` (inode numbers alone are reused), or None."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+
+
+class _Runtime:
+    """One plugin inside a server: its table, gRPC server, source and registration loop."""
+
+    def __init__(
+        self, server: PluginServer, plugin: DevicePlugin, resource: str, socket_name: str
+    ) -> None:
+        self.server = server
+        self.plugin = plugin
+        self.resource = resource
+        self.socket_name = socket_name
+        self.socket_path = server.device_plugin_dir / socket_name
+        self.kubelet_socket = server.device_plugin_dir / KUBELET_SOCKET
+        self.table = DeviceTable(resource, server.metrics, server.max_message_bytes)
+        self.table.on_stream_closed = self._stream_closed
+        self.registered = asyncio.Event()
+        self.count = 0
+        self.count_changed = asyncio.Event()
+        self.extra = {"resource": resource, "socket": str(self.socket_path)}
+        self._phase = _Phase.IDLE
+        self._restart = asyncio.Event()
+        self._kubelet_changed = asyncio.Event()
+        self._bound_ino: tuple[int, int, int] | None = None
+        self._kubelet_ino: tuple[int, int, int] | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stream_timer: asyncio.TimerHandle | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        pending = self.plugin._kd_pending
+        self.plugin._kd_sink = self.table.publish
+        if pending is not None:
+            self.table.publish(pending)
+        await self._serve()
+        self._tasks = [
+            asyncio.create_task(self._source(), name=f"devices {self.resource}"),
+            asyncio.create_task(self._run(), name=f"register {self.resource}"),
+        ]
+
+    async def stop(self) -> None:
+        self._phase = _Phase.IDLE
+        self._cancel_stream_timer()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        self.table.close()
+        await self._unserve()
+        self.plugin._kd_sink = None
+        self.registered.clear()
+        log.info("stopped", extra=self.extra)
+
+    # ---- serving ---------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        path = self.socket_path
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+            raise PluginServerError(
+                f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
+                "use a shorter device plugin directory or socket name"
+            )
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISSOCK(st.st_mode):
+                raise PluginServerError(f"{path} exists and is not a socket; refusing to remove it")
+            path.unlink()
+            log.info("removed stale socket", extra=self.extra)
+        self.table.closed = False
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
+        server.add_generic_rpc_handlers(
+            (make_handler(self.plugin, self.table, self.server.metrics),)
+        )
+        old_umask = os.umask(0o177)
+        try:
+            port = server.add_insecure_port(f"unix:{path}")
+        except RuntimeError as exc:
+            raise PluginServerError(f"cannot listen on {path}: {exc}") from exc
+        finally:
+            os.umask(old_umask)
+        if not port:
+            raise PluginServerError(f"cannot listen on {path}")
+        os.chmod(path, 0o600)
+        self._bound_ino = _inode(path)
+        await server.start()
+        self._grpc = server
+        self._phase = _Phase.SERVING
+        log.info("serving on %s", path, extra=self.extra)
+
+    async def _unserve(self) -> None:
+        server, self._grpc = self._grpc, None
+        self.table.close()
+        if server is not None:
+            await server.stop(0.5)
+        self._bound_ino = None
+
+    # ---- devices ---------------------------------------------------------------------
+
+    async def _source(self) -> None:
+        try:
+            async for snapshot in self.plugin.devices():
+                self.table.publish(snapshot)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "the device source failed; keeping the last device list", extra=self.extra
+            )
+
+    # ---- registration loop -----------------------------------------------------------
+
+    async def _run(self) -> None:
+        if self.table.encoded is None:
+            log.info("waiting for the first device list before registering", extra=self.extra)
+            await self.table.wait_first()
+        backoff = self.server.backoff_factory()
+        first = True
+        while True:
+            self._restart.clear()
+            if not first:
+                try:
+                    await self._serve()
+                except KubeDeviceError as exc:
+                    delay = backoff.next_delay()
+                    log.error("%s; retrying in %.1f s", exc, delay, extra=self.extra)
+                    await self._wait(self._kubelet_changed, delay)
+                    continue
+            first = False
+            try:
+                if await self._register(backoff):
+                    await self._restart.wait()
+            finally:
+                self._phase = _Phase.IDLE
+                self._cancel_stream_timer()
+                self.registered.clear()
+                await self._unserve()
+            log.info("serving again on a fresh socket and registering again", extra=self.extra)
+
+    async def _register(self, backoff: Backoff) -> bool:
+        """Register until it works; False if a restart was requested first."""
+        waiting_logged = False
+        while not self._restart.is_set():
+            self._kubelet_changed.clear()
+            ino = _inode(self.kubelet_socket)
+            if ino is None:
+                if not waiting_logged:
+                    log.info(
+                        "waiting for the kubelet socket %s", self.kubelet_socket, extra=self.extra
+                    )
+                    waiting_logged = True
+                await self._wait(self._kubelet_changed, None)
+                continue
+            reg = asyncio.ensure_future(
+                register(
+                    self.kubelet_socket,
+                    endpoint=self.socket_name,
+                    resource_name=self.resource,
+                    options=self.plugin.options(),
+                    deadline=self.server.register_timeout,
+                )
+            )
+            restart = asyncio.ensure_future(self._restart.wait())
+            try:
+                await asyncio.wait((reg, restart), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                restart.cancel()
+                if not reg.done():
+                    reg.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await restart
+                with contextlib.suppress(asyncio.CancelledError, KubeDeviceError):
+                    await reg
+            if self._restart.is_set():
+                return False
+            exc = reg.exception()
+            if exc is not None:
+                delay = backoff.next_delay()
+                log.warning("%s; retrying in %.2f s", exc, delay, extra=self.extra)
+                await self._wait(self._kubelet_changed, delay)
+                continue
+            backoff.reset()
+            self._kubelet_ino = ino
+            self._phase = _Phase.REGISTERED
+            self.count += 1
+            self.registered.set()
+            changed, self.count_changed = self.count_changed, asyncio.Event()
+            changed.set()
+            if self.server.metrics is not None:
+                self.server.metrics.registered(self.resource, self.count)
+            log.info("registered with the kubelet (registration #%d)", self.count, extra=self.extra)
+            # kubelet.sock may have been re-created while the call was in flight.
+            self.on_kubelet_event()
+            self.on_socket_event()
+            return True
+        return False
+
+    async def _wait(self, event: asyncio.Event, limit: float | None) -> None:
+        """Wait for ``event`` or a restart request, at most ``limit`` seconds."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._restart.wait())]
+        try:
+            await asyncio.wait(waits, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in waits:
+                fut.cancel()
+
+    def _request_restart(self, why: str) -> None:
+        if self._phase is _Phase.IDLE or self._restart.is_set():
+            return
+        log.warning("%s", why, extra=self.extra)
+        self._restart.set()
+
+    # ---- events ----------------------------------------------------------------------
+
+    def on_socket_event(self) -> None:
+        if self._phase is not _Phase.IDLE and _inode(self.socket_path) != self._bound_ino:
+            self._request_restart(f"our socket {self.socket_path} was removed (kubelet restart?)")
+
+    def on_kubelet_event(self) -> None:
+        self._kubelet_changed.set()
+        if self._phase is _Phase.REGISTERED:
+            ino = _inode(self.kubelet_socket)
+            if ino is not None and ino != self._kubelet_ino:
+                self._request_restart(f"{self.kubelet_socket} was re-created (kubelet restart)")
+
+    def _stream_closed(self) -> None:
+        if self._phase is not _Phase.REGISTERED or self.table.open_streams:
+            return
+        self._cancel_stream_timer()
+        count = self.count
+        self._stream_timer = asyncio.get_running_loop().call_later(
+            self.server.stream_grace, self._stream_grace_over, count
+        )
+
+    def _stream_grace_over(self, count: int) -> None:
+        self._stream_timer = None
+        if (
+            self._phase is _Phase.REGISTERED
+            and self.count == count
+            and not self.table.open_streams
+            and _inode(self.kubelet_socket) is not None
+        ):
+            self._request_restart(
+                "the kubelet closed our ListAndWatch stream and did not reopen it while "
+                f"{self.kubelet_socket} still exists; registering again"
+            )
+
+    def _cancel_stream_timer(self) -> None:
+        if self._stream_timer is not None:
+            self._stream_timer.cancel()
+            self._stream_timer = None
+
+
+class PluginServer:
+    """Hosts device plugins, one socket each, and keeps them registered with the kubelet.
+
+    Use it as an async context manager; plugins can be added and removed while it runs::
+
+        async with kubedevice.PluginServer(device_plugin_dir) as server:
+            await server.add(MyPlugin())
+            await server.wait_registered("example.com/foo", timeout=5)
+
+    Args:
+        device_plugin_dir: The kubelet's device plugin directory; ``None`` means
+            ``$DP_DEVICE_PLUGIN_DIR`` or ``/var/lib/kubelet/device-plugins``. Created
+            (mode 0750) if missing.
+        register_timeout: Deadline of each Register call, in seconds.
+        stream_grace: How long the kubelet may leave us without a ListAndWatch stream
+            (while ``kubelet.sock`` exists) before we register again, in seconds.
+        backoff_initial: First delay between failed registrations, in seconds.
+        backoff_max: Largest delay between failed registrations, in seconds.
+        metrics: Where to record metrics, or ``None`` for none (unless ``metrics_address``).
+        metrics_address: ``host:port`` to expose Prometheus metrics on over HTTP while the
+            server runs; creates a :class:`PluginMetrics` if ``metrics`` is ``None``.
+        max_message_bytes: Largest ListAndWatch message to send (the kubelet's limit).
+    """
+
+    def __init__(
+        self,
+        device_plugin_dir: str | os.PathLike[str] | None = None,
+        *,
+        register_timeout: float = 10.0,
+        stream_grace: float = 1.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        metrics: PluginMetrics | None = None,
+        metrics_address: str | None = None,
+        max_message_bytes: int = KUBELET_MAX_RECV_MESSAGE_BYTES,
+    ) -> None:
+        if metrics is None and metrics_address is not None:
+            from kubedevice.plugin.metrics import PluginMetrics
+
+            metrics = PluginMetrics()
+        self.metrics_address = metrics_address
+        self._http: Any = None
+        self.device_plugin_dir = resolve_device_plugin_dir(device_plugin_dir)
+        self.register_timeout = register_timeout
+        self.stream_grace = stream_grace
+        self.metrics = metrics
+        self.max_message_bytes = max_message_bytes
+        self._backoff = (backoff_initial, backoff_max)
+        self.state = ServerState.NEW
+        self._runtimes: dict[str, _Runtime] = {}
+        self._watcher: DirWatcher | None = None
+        self._lock = asyncio.Lock()
+
+    def backoff_factory(self) -> Backoff:
+        """A fresh registration backoff with this server's settings."""
+        return Backoff(initial=self._backoff[0], maximum=self._backoff[1])
+
+    async def __aenter__(self) -> PluginServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Create the directory if needed and start watching it.
+
+        Raises:
+            PluginServerError: The server was already started, or the directory is unusable.
+        """
+        if self.state is not ServerState.NEW:
+            raise PluginServerError(
+                f"PluginServer is {self.state.value}; it cannot be started again"
+            )
+        try:
+            self.device_plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PluginServerError(f"cannot create {self.device_plugin_dir}: {exc}") from exc
+        if not self.device_plugin_dir.is_dir():
+            raise PluginServerError(f"{self.device_plugin_dir} is not a directory")
+        self._watcher = DirWatcher(self.device_plugin_dir, self._on_change)
+        await self._watcher.start()
+        if self.metrics is not None and self.metrics_address is not None:
+            self._http = self.metrics.serve_http(self.metrics_address)
+            log.info("metrics on http://%s/metrics", self.metrics_address)
+        self.state = ServerState.RUNNING
+        log.info("plugin server watching %s", self.device_plugin_dir)
+
+    async def stop(self) -> None:
+        """Stop every plugin: end the streams, remove the sockets. Idempotent."""
+        if self.state is not ServerState.RUNNING:
+            self.state = ServerState.STOPPED
+            return
+        self.state = ServerState.STOPPED
+        for name in list(self._runtimes):
+            await self.remove(name)
+        if self._watcher is not None:
+            await self._watcher.stop()
+            self._watcher = None
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+    async def add(self, plugin: DevicePlugin) -> None:
+        """Start serving ``plugin`` and register it (registration continues in the background).
+
+        The resource name is checked before any network call; the socket is bound before
+        this returns, so a path that exists and is not a socket fails here.
+
+        Args:
+            plugin: The plugin to serve.
+
+        Raises:
+            InvalidResourceNameError: The kubelet would reject the plugin's resource name.
+            ConfigError: The resource or socket name is already served here.
+            PluginServerError: The server is not running, or the socket cannot be bound.
+        """
+        if not isinstance(plugin, DevicePlugin):
+            raise ConfigError(f"{plugin!r} is not a kubedevice.DevicePlugin")
+        resource = plugin.validated_resource_name()
+        socket_name = validate_socket_name(plugin.effective_socket_name())
+        async with self._lock:
+            if self.state is not ServerState.RUNNING:
+                raise PluginServerError("the PluginServer is not running (use 'async with')")
+            if resource in self._runtimes:
+                raise ConfigError(f"resource {resource!r} is already served by this server")
+            if any(rt.socket_name == socket_name for rt in self._runtimes.values()):
+                raise ConfigError(f"socket name {socket_name!r} is already used by this server")
+            if plugin._kd_sink is not None:
+                raise ConfigError(f"{plugin!r} is already served")
+            runtime = _Runtime(self, plugin, resource, socket_name)
+            await runtime.start()
+            self._runtimes[resource] = runtime
+
+    async def remove(self, resource_name: str) -> None:
+        """Stop serving a resource: end its streams and remove its socket.
+
+        Args:
+            resource_name: The plugin's resource name.
+
+        Raises:
+            ConfigError: No plugin with that resource name is served here.
+        """
+        async with self._lock:
+            runtime = self._runtimes.pop(resource_name, None)
+            if runtime is None:
+                raise ConfigError(f"resource {resource_name!r} is not served by this server")
+            await runtime.stop()
+            if self.metrics is not None:
+                self.metrics.forget(resource_name)
+
+    @property
+    def resource_names(self) -> tuple[str, ...]:
+        """The resource names currently served."""
+        return tuple(self._runtimes)
+
+    def socket_path(self, resource_name: str) -> Path:
+        """The socket path of a served resource."""
+        return self._runtime(resource_name).socket_path
+
+    def registered(self, resource_name: str) -> asyncio.Event:
+        """An event that is set while ``resource_name`` is registered with the kubelet.
+
+        It is cleared when the plugin starts over (kubelet restart, lost stream).
+        """
+        return self._runtime(resource_name).registered
+
+    def registration_count(self, resource_name: str) -> int:
+        """How many times ``resource_name`` registered successfully."""
+        return self._runtime(resource_name).count
+
+    async def wait_registered(
+        self,
+        resource_name: str,
+        *,
+        count: int = 1,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until ``resource_name`` has registered ``count`` times and is registered now.
+
+        Args:
+            resource_name: The plugin's resource name.
+            count: The number of successful registrations to wait for.
+            timeout: Seconds to wait at most; ``None`` waits forever.
+
+        Raises:
+            TimeoutError: ``timeout`` passed first.
+        """
+        runtime = self._runtime(resource_name)
+
+        async def _wait() -> None:
+            while runtime.count < count or not runtime.registered.is_set():
+                waiter = runtime.count_changed
+                if runtime.count >= count:
+                    await runtime.registered.wait()
+                else:
+                    await waiter.wait()
+
+        await asyncio.wait_for(_wait(), timeout)
+
+    def _runtime(self, resource_name: str) -> _Runtime:
+        try:
+            return self._runtimes[resource_name]
+        except KeyError:
+            raise ConfigError(f"resource {resource_name!r} is not served by this server") from None
+
+    def _on_change(self, name: str) -> None:
+        for runtime in self._runtimes.values():
+            if name in (KUBELET_SOCKET, OVERFLOW):
+                runtime.on_kubelet_event()
+            if name in (runtime.socket_name, OVERFLOW):
+                runtime.on_socket_event()
+
+    def __repr__(self) -> str:
+        return f"<PluginServer {self.device_plugin_dir} {self.state.value} {list(self._runtimes)}>"

@@ -1,0 +1,414 @@
+"""The ``v1beta1.DevicePlugin`` service of one plugin, and the device table it serves.
+
+:class:`DeviceTable` holds the current snapshot, encoded once per change, and wakes every
+``ListAndWatch`` stream; each stream sends the newest list when it is ready, so bursts
+coalesce and a slow stream never holds up the others. :func:`make_handler` turns a
+plugin's hooks into gRPC handlers; protobuf types stay inside this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+
+from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES, dp
+from kubedevice.plugin.policy import default_preferred_allocation, enforce_preferred_invariants
+from kubedevice.plugin.types import DEFAULT, ContainerAllocation, Device, Health
+
+if TYPE_CHECKING:
+    from kubedevice.plugin.base import DevicePlugin
+    from kubedevice.plugin.metrics import PluginMetrics
+
+__all__ = ["SERVICE_NAME", "DeviceTable", "encode_devices", "make_handler"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "v1beta1.DevicePlugin"
+
+_HEALTH_WIRE = {Health.HEALTHY: "Healthy", Health.UNHEALTHY: "Unhealthy"}
+
+
+def encode_devices(devices: Sequence[Device]) -> bytes:
+    """Encode a full device list as a serialized ``ListAndWatchResponse``.
+
+    Args:
+        devices: The snapshot.
+
+    Returns:
+        The wire bytes (built with ``devices.add``, the fastest way with upb).
+    """
+    resp = dp.ListAndWatchResponse()
+    add = resp.devices.add
+    wire = _HEALTH_WIRE
+    for dev in devices:
+        if dev.numa_nodes:
+            msg = add(ID=dev.id, health=wire[dev.health])
+            nodes = msg.topology.nodes
+            for node in dev.numa_nodes:
+                nodes.add(ID=node)
+        else:
+            add(ID=dev.id, health=wire[dev.health])
+    return resp.SerializeToString()
+
+
+class DeviceTable:
+    """The current devices of one resource and the fan-out to its ListAndWatch streams.
+
+    Args:
+        resource: Resource name (for logs and metrics).
+        metrics: Where to report device counts and open streams, or ``None``.
+        max_message_bytes: Largest list the kubelet accepts; larger ones are refused.
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        metrics: PluginMetrics | None = None,
+        max_message_bytes: int = KUBELET_MAX_RECV_MESSAGE_BYTES,
+    ) -> None:
+        self.resource = resource
+        self.by_id: dict[str, Device] = {}
+        self.snapshot: tuple[Device, ...] | None = None
+        self.encoded: bytes | None = None
+        self.generation = 0
+        self.open_streams = 0
+        self.closed = False
+        self.max_message_bytes = max_message_bytes
+        self.on_stream_closed: Callable[[], None] | None = None
+        self._metrics = metrics
+        self._changed = asyncio.Event()
+        self._first = asyncio.Event()
+
+    def publish(self, snapshot: Sequence[Device]) -> bool:
+        """Make ``snapshot`` the current list and wake the streams if the list changed.
+
+        A snapshot with a non-``Device`` item or a duplicate ID is refused (logged); one
+        whose encoding exceeds the kubelet's limit updates the table but is not sent.
+
+        Args:
+            snapshot: The complete device list.
+
+        Returns:
+            True if the streams were woken with a new list.
+        """
+        extra = {"resource": self.resource}
+        by_id: dict[str, Device] = {}
+        for dev in snapshot:
+            if not isinstance(dev, Device):
+                log.error(
+                    "refused a device snapshot: %r is not a kubedevice.Device", dev, extra=extra
+                )
+                return False
+            if dev.id in by_id:
+                log.error("refused a device snapshot: duplicate device ID %r", dev.id, extra=extra)
+                return False
+            by_id[dev.id] = dev
+        self.by_id = by_id
+        self.snapshot = tuple(snapshot)
+        if self._metrics is not None:
+            healthy = sum(1 for d in self.snapshot if d.health is Health.HEALTHY)
+            self._metrics.devices(self.resource, healthy, len(self.snapshot) - healthy)
+        data = encode_devices(self.snapshot)
+        if len(data) > self.max_message_bytes:
+            log.error(
+                "NOT sending the device list: %d devices encode to %d bytes, over the kubelet's "
+                "limit of %d bytes per ListAndWatch message (shorten the IDs or split the "
+                "resource); the kubelet keeps the previous list",
+                len(self.snapshot),
+                len(data),
+                self.max_message_bytes,
+                extra=extra,
+            )
+            return False
+        self._first.set()
+        if data == self.encoded:
+            return False
+        self.encoded = data
+        self.generation += 1
+        self._wake()
+        return True
+
+    def close(self) -> None:
+        """End every stream (they return normally) and refuse new ones."""
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_first(self) -> None:
+        """Return once a first list can be sent."""
+        await self._first.wait()
+
+    async def stream(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+        """Serve one ListAndWatch stream: the current list at once, then every change.
+
+        Args:
+            write: Sends one encoded message (``context.write``).
+        """
+        self.open_streams += 1
+        if self._metrics is not None:
+            self._metrics.streams(self.resource, self.open_streams)
+        last = 0
+        try:
+            while not self.closed:
+                data = self.encoded
+                if self.generation == last or data is None:
+                    await self._changed.wait()
+                    continue
+                last = self.generation
+                await write(data)
+        finally:
+            self.open_streams -= 1
+            if self._metrics is not None:
+                self._metrics.streams(self.resource, self.open_streams)
+            if self.on_stream_closed is not None:
+                self.on_stream_closed()
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, msg: str
+) -> NoReturn:
+    await context.abort(code, msg)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _ids_text(ids: Sequence[str]) -> str:
+    return ", ".join(repr(i) for i in ids)
+
+
+def _check_request(table: DeviceTable, ids: Sequence[str], index: int) -> str | list[Device]:
+    """Return the devices for ``ids``, or the INVALID_ARGUMENT message."""
+    if not ids:
+        return f"container request {index} names no devices"
+    seen: set[str] = set()
+    dups: list[str] = []
+    for dev_id in ids:
+        if dev_id in seen and dev_id not in dups:
+            dups.append(dev_id)
+        seen.add(dev_id)
+    if dups:
+        return f"container request {index} names duplicate device IDs: {_ids_text(dups)}"
+    by_id = table.by_id
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        return f"container request {index} names unknown device IDs: {_ids_text(unknown)}"
+    devices = [by_id[i] for i in ids]
+    unhealthy = [d.id for d in devices if d.health is not Health.HEALTHY]
+    if unhealthy:
+        return f"container request {index} names unhealthy device IDs: {_ids_text(unhealthy)}"
+    return devices
+
+
+def _fill_response(cresp: Any, alloc: ContainerAllocation) -> None:
+    if alloc.envs:
+        cresp.envs.update(alloc.envs)
+    for mount in alloc.mounts:
+        cresp.mounts.add(
+            container_path=mount.container_path,
+            host_path=mount.host_path,
+            read_only=mount.read_only,
+        )
+    for spec in alloc.device_specs:
+        cresp.devices.add(
+            container_path=spec.container_path,
+            host_path=spec.host_path,
+            permissions=spec.permissions,
+        )
+    if alloc.annotations:
+        cresp.annotations.update(alloc.annotations)
+    for name in alloc.cdi_devices:
+        cresp.cdi_devices.add(name=name)
+
+
+class _Servicer:
+    """The five DevicePlugin RPCs of one plugin (bound to its table)."""
+
+    def __init__(
+        self, plugin: DevicePlugin, table: DeviceTable, metrics: PluginMetrics | None
+    ) -> None:
+        self.plugin = plugin
+        self.table = table
+        self.metrics = metrics
+        self.resource = table.resource
+        self.options = plugin.options()
+        self._extra = {"resource": self.resource}
+
+    async def get_options(
+        self, request: dp.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dp.DevicePluginOptions:
+        return dp.DevicePluginOptions(
+            pre_start_required=self.options.pre_start_required,
+            get_preferred_allocation_available=self.options.get_preferred_allocation_available,
+        )
+
+    async def list_and_watch(
+        self, request: dp.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        log.debug("ListAndWatch stream opened", extra=self._extra)
+        await self.table.stream(context.write)
+
+    async def allocate(
+        self, request: dp.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dp.AllocateResponse:
+        start = time.perf_counter()
+        result = await self._allocate(request)
+        if self.metrics is not None:
+            self.metrics.allocated(
+                self.resource,
+                time.perf_counter() - start,
+                None if isinstance(result, dp.AllocateResponse) else result[0].name,
+            )
+        if isinstance(result, dp.AllocateResponse):
+            return result
+        await _abort(context, *result)
+
+    async def _allocate(
+        self, request: dp.AllocateRequest
+    ) -> dp.AllocateResponse | tuple[grpc.StatusCode, str]:
+        if not request.container_requests:
+            return grpc.StatusCode.INVALID_ARGUMENT, "Allocate request has no container requests"
+        resp = dp.AllocateResponse()
+        for index, creq in enumerate(request.container_requests):
+            checked = _check_request(self.table, creq.devices_ids, index)
+            if isinstance(checked, str):
+                log.warning("Allocate refused: %s", checked, extra=self._extra)
+                return grpc.StatusCode.INVALID_ARGUMENT, checked
+            try:
+                result = await self.plugin.allocate(checked)
+                if result is DEFAULT:
+                    result = ContainerAllocation.merge(checked)
+                elif not isinstance(result, ContainerAllocation):
+                    raise TypeError(
+                        f"allocate() returned {type(result).__name__}, expected "
+                        "ContainerAllocation or kubedevice.DEFAULT"
+                    )
+            except Exception as exc:
+                log.exception("allocate hook failed", extra=self._extra)
+                return grpc.StatusCode.INTERNAL, f"allocate hook failed: {exc!r}"
+            _fill_response(resp.container_responses.add(), result)
+        return resp
+
+    async def get_preferred_allocation(
+        self, request: dp.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dp.PreferredAllocationResponse:
+        if not self.options.get_preferred_allocation_available:
+            await _abort(
+                context,
+                grpc.StatusCode.UNIMPLEMENTED,
+                "GetPreferredAllocation is not advertised by this plugin",
+            )
+        by_id = self.table.by_id
+        resp = dp.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            available_ids = list(creq.available_deviceIDs)
+            must_ids = list(creq.must_include_deviceIDs)
+            size = creq.allocation_size
+            available = [by_id[i] for i in available_ids if i in by_id]
+            must = [by_id[i] for i in must_ids if i in by_id]
+            fallback = default_preferred_allocation(available, must, size)
+            try:
+                answer = list(await self.plugin.preferred_allocation(available, must, size))
+                if not all(isinstance(i, str) for i in answer):
+                    raise TypeError(
+                        f"preferred_allocation() must return device IDs, got {answer!r}"
+                    )
+            except Exception:
+                log.exception(
+                    "preferred_allocation hook failed; answering with the default policy",
+                    extra=self._extra,
+                )
+                answer = fallback
+            chosen = enforce_preferred_invariants(answer, available_ids, must_ids, size, fallback)
+            if chosen != answer:
+                log.warning(
+                    "preferred_allocation hook answer %r broke the invariants (must include %r, "
+                    "size %d, only offered IDs); answering %r",
+                    answer,
+                    must_ids,
+                    size,
+                    chosen,
+                    extra=self._extra,
+                )
+            resp.container_responses.add(deviceIDs=chosen)
+        return resp
+
+    async def pre_start_container(
+        self, request: dp.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dp.PreStartContainerResponse:
+        if not self.options.pre_start_required:
+            await _abort(
+                context,
+                grpc.StatusCode.UNIMPLEMENTED,
+                "PreStartContainer is not advertised by this plugin",
+            )
+        by_id = self.table.by_id
+        unknown = [i for i in request.devices_ids if i not in by_id]
+        if unknown:
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"PreStartContainer names unknown device IDs: {_ids_text(unknown)}",
+            )
+        try:
+            await self.plugin.pre_start([by_id[i] for i in request.devices_ids])
+        except Exception as exc:
+            log.exception("pre_start hook failed", extra=self._extra)
+            await _abort(context, grpc.StatusCode.INTERNAL, f"pre_start hook failed: {exc!r}")
+        return dp.PreStartContainerResponse()
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def make_handler(
+    plugin: DevicePlugin, table: DeviceTable, metrics: PluginMetrics | None = None
+) -> grpc.GenericRpcHandler:
+    """Build the ``v1beta1.DevicePlugin`` handler serving ``plugin`` from ``table``.
+
+    Args:
+        plugin: The plugin whose hooks answer the RPCs.
+        table: Its device table.
+        metrics: Where to record Allocate calls, or ``None``.
+
+    Returns:
+        A handler for ``grpc.aio.Server.add_generic_rpc_handlers``.
+    """
+    svc = _Servicer(plugin, table, metrics)
+    return grpc.method_handlers_generic_handler(
+        SERVICE_NAME,
+        {
+            "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+                svc.get_options,
+                request_deserializer=dp.Empty.FromString,
+                response_serializer=dp.DevicePluginOptions.SerializeToString,
+            ),
+            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                svc.list_and_watch,
+                request_deserializer=dp.Empty.FromString,
+                response_serializer=_identity,
+            ),
+            "Allocate": grpc.unary_unary_rpc_method_handler(
+                svc.allocate,
+                request_deserializer=dp.AllocateRequest.FromString,
+                response_serializer=dp.AllocateResponse.SerializeToString,
+            ),
+            "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+                svc.get_preferred_allocation,
+                request_deserializer=dp.PreferredAllocationRequest.FromString,
+                response_serializer=dp.PreferredAllocationResponse.SerializeToString,
+            ),
+            "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+                svc.pre_start_container,
+                request_deserializer=dp.PreStartContainerRequest.FromString,
+                response_serializer=dp.PreStartContainerResponse.SerializeToString,
+            ),
+        },
+    )

@@ -1,0 +1,106 @@
+"""The whole kit against the independent fixture plugin: good mode passes, each flag fails.
+
+Each broken mode breaks exactly one rule, and the case that enforces it must fail: this
+proves every case can fail. The runs are independent processes with their own emulator
+and directory, so they run concurrently (a few at a time) in one module-scoped fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from kubedevice.conformance import Level, Outcome, Report, run_conformance
+from tests.conformance.plugins import fixture_cmd
+
+#: flag -> the case it must fail.
+BROKEN: dict[str, str] = {
+    "--register-before-serve": "serves-before-register",
+    "--bad-version": "registration-valid",
+    "--absolute-endpoint": "registration-valid",
+    "--no-first-list": "first-list-within-5s",
+    "--duplicate-ids": "device-list-valid",
+    "--lowercase-health": "device-list-valid",
+    "--lying-options": "options-honest",
+    "--empty-allocate-response": "allocate-healthy",
+    "--bad-device-spec": "allocate-healthy",
+    "--accept-unknown-ids": "allocate-unknown-refused",
+    "--accept-unhealthy-ids": "allocate-unhealthy-refused",
+    "--bad-preferred": "preferred-allocation",
+    "--die-on-stream-kill": "survives-stream-kill",
+    "--no-stream-recovery": "recovers-after-stream-kill",
+    "--no-reregister": "reregister-within-30s",
+    "--slow-reregister": "reregister-within-1s",
+    "--ignore-sigterm": "sigterm-clean-exit",
+    "--leave-socket": "sigterm-clean-exit",
+}
+
+MULTI = ("--resource", "example.com/a", "--resource", "example.com/b")
+RUNS: dict[str, Sequence[str]] = {
+    "good": (),
+    "multi": MULTI,
+    "all-healthy-no-options": ("--unhealthy", "0", "--no-gpa", "--no-prestart"),
+    **{flag: (flag,) for flag in BROKEN},
+}
+
+
+async def _run_all() -> dict[str, Report]:
+    gate = asyncio.Semaphore(4)
+
+    async def one(flags: Sequence[str]) -> Report:
+        async with gate:
+            # timeout caps the waits that only a broken plugin reaches; startup stays generous.
+            return await run_conformance(fixture_cmd(*flags), timeout=3.0, startup_timeout=30.0)
+
+    reports = await asyncio.gather(*(one(flags) for flags in RUNS.values()))
+    return dict(zip(RUNS, reports, strict=True))
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, Report]:
+    return asyncio.run(_run_all())
+
+
+def _explain(report: Report) -> str:
+    return report.format_table() + "\n--- plugin log ---\n" + report.log_tail(30)
+
+
+def test_good_plugin_passes_every_case(reports: dict[str, Report]) -> None:
+    rep = reports["good"]
+    assert rep.failed == 0 and rep.skipped == 0, _explain(rep)
+    assert rep.resources == ("example.com/fixture",)
+    assert rep.ok(strict=True)
+    assert rep.passed == len(rep.results) == 14
+
+
+def test_every_resource_is_checked(reports: dict[str, Report]) -> None:
+    rep = reports["multi"]
+    assert rep.failed == 0 and rep.skipped == 0, _explain(rep)
+    assert set(rep.resources) == {"example.com/a", "example.com/b"}
+    per_resource = [r for r in rep.results if r.resource == "example.com/b"]
+    assert len(per_resource) == 13
+    assert rep.passed == 27
+
+
+def test_cases_without_input_are_skipped_not_passed(reports: dict[str, Report]) -> None:
+    rep = reports["all-healthy-no-options"]
+    assert rep.failed == 0, _explain(rep)
+    skipped = {r.case.id for r in rep.results if r.outcome is Outcome.SKIP}
+    assert skipped == {"allocate-unhealthy-refused", "preferred-allocation"}
+    assert "no optional RPC advertised" in rep.get("options-honest").evidence
+
+
+@pytest.mark.parametrize(("flag", "case_id"), BROKEN.items(), ids=list(BROKEN))
+def test_broken_fixture_fails_its_case(
+    reports: dict[str, Report], flag: str, case_id: str
+) -> None:
+    rep = reports[flag]
+    result = rep.get(case_id)
+    assert result.outcome is Outcome.FAIL, _explain(rep)
+    assert result.evidence  # one specific line
+    if result.level is Level.MUST:
+        assert not rep.ok()
+    else:
+        assert not rep.ok(strict=True)

@@ -1,0 +1,240 @@
+"""The generic plugin end to end through a kubelet double: hot-plug, health, allocate, reload."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from generic.gen_kubelet import KubeletDouble
+
+from kubedevice.generic import FakeHost, GenericPlugins, parse_config
+
+SERIAL = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}
+
+
+def _doc(host: FakeHost, *resources: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {
+        "version": "v1",
+        "devRoot": str(host.dev_root),
+        "sysRoot": str(host.sys_root),
+        "resources": list(resources),
+        **top,
+    }
+
+
+def _plugins(host: FakeHost, sock_dir: Path, *resources: dict[str, Any], **top: Any) -> GenericPlugins:
+    return GenericPlugins(parse_config(_doc(host, *resources, **top)), device_plugin_dir=sock_dir)
+
+
+async def test_allocated_device_vanishes_unhealthy_and_comes_back(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    host.add_char_device("/dev/ttyUSB1")
+    async with _plugins(host, sock_dir, SERIAL) as plugins, asyncio.timeout(10):
+        await kubelet.wait("example.com/serial", lambda s: len(s) == 2)
+        await kubelet.allocate("example.com/serial", ["ttyUSB0"])
+        assert plugins.plugin("example.com/serial").allocated == {"ttyUSB0"}
+        host.remove("/dev/ttyUSB0")
+        host.remove("/dev/ttyUSB1")
+        snap = await kubelet.wait("example.com/serial", lambda s: "ttyUSB1" not in s)
+        assert snap == {"ttyUSB0": "Unhealthy"}
+        host.add_char_device("/dev/ttyUSB0")
+        snap = await kubelet.wait("example.com/serial", lambda s: s.get("ttyUSB0") == "Healthy")
+        assert snap == {"ttyUSB0": "Healthy"}
+
+
+async def test_vanished_allocated_device_expires(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    async with (
+        _plugins(host, sock_dir, SERIAL, keepUnhealthySeconds=0.05) as plugins,
+        asyncio.timeout(10),
+    ):
+        await kubelet.wait("example.com/serial", lambda s: bool(s))
+        await kubelet.allocate("example.com/serial", ["ttyUSB0"])
+        host.remove("/dev/ttyUSB0")
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Unhealthy"})
+        await kubelet.wait("example.com/serial", lambda s: s == {})
+        assert plugins.plugin("example.com/serial").allocated == frozenset()
+
+
+async def test_directory_created_after_start_is_watched(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    res = {"name": "example.com/render", "groups": [{"paths": [{"path": "/dev/dri/renderD*"}]}]}
+    async with _plugins(host, sock_dir, res), asyncio.timeout(10):
+        await kubelet.wait("example.com/render", lambda s: s == {})
+        host.add_char_device("/dev/dri/renderD128")
+        await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Healthy"})
+        host.add_char_device("/dev/dri/renderD129")
+        await kubelet.wait("example.com/render", lambda s: len(s) == 2)
+        host.remove("/dev/dri")
+        await kubelet.wait("example.com/render", lambda s: s == {})
+        host.add_char_device("/dev/dri/renderD130")
+        await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD130": "Healthy"})
+
+
+async def test_usb_hotplug(host: FakeHost, kubelet: KubeletDouble, sock_dir: Path) -> None:
+    res = {"name": "example.com/ftdi", "groups": [{"usb": [{"vendor": "0403", "product": "6001"}]}]}
+    async with _plugins(host, sock_dir, res), asyncio.timeout(10):
+        await kubelet.wait("example.com/ftdi", lambda s: s == {})
+        name = host.add_usb("0403", "6001", "A1", busnum=1, devnum=4)
+        await kubelet.wait("example.com/ftdi", lambda s: s == {"usb-0403-6001-A1": "Healthy"})
+        resp = await kubelet.allocate("example.com/ftdi", ["usb-0403-6001-A1"])
+        assert [(d.host_path, d.permissions) for d in resp.devices] == [("/dev/bus/usb/001/004", "rw")]
+        host.remove_usb(name)
+        await kubelet.wait("example.com/ftdi", lambda s: s == {"usb-0403-6001-A1": "Unhealthy"})
+        host.add_usb("0403", "6001", "A1", busnum=2, devnum=9)  # re-plugged elsewhere: same ID
+        await kubelet.wait("example.com/ftdi", lambda s: s == {"usb-0403-6001-A1": "Healthy"})
+        resp = await kubelet.allocate("example.com/ftdi", ["usb-0403-6001-A1"])
+        assert [d.host_path for d in resp.devices] == ["/dev/bus/usb/002/009"]
+
+
+async def test_health_flapping_and_failing_source(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    attr = "/sys/class/drm/renderD128/device/enable"
+    host.set_attr(attr, "1")
+    host.add_char_device("/dev/dri/renderD128")
+    res = {
+        "name": "example.com/render",
+        "groups": [
+            {
+                "paths": [{"path": "/dev/dri/renderD*"}],
+                "count": 2,
+                "health": {
+                    "periodSeconds": 0.02,
+                    "sysfsAttribute": {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"},
+                },
+            }
+        ],
+    }
+    ids = ("dri-renderD128::0", "dri-renderD128::1")
+
+    def all_(health: str) -> Any:
+        return lambda s: set(s) == set(ids) and all(s[i] == health for i in ids)
+
+    async with _plugins(host, sock_dir, res), asyncio.timeout(10):
+        await kubelet.wait("example.com/render", all_("Healthy"))
+        for _ in range(3):
+            host.set_attr(attr, "0")
+            await kubelet.wait("example.com/render", all_("Unhealthy"))
+            host.set_attr(attr, "1")
+            await kubelet.wait("example.com/render", all_("Healthy"))
+        host.remove_attr(attr)  # the health source itself fails
+        await kubelet.wait("example.com/render", all_("Unhealthy"))
+
+
+async def test_allocate_renders_templates_and_dedupes_nodes(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/video0")
+    host.add_char_device("/dev/video1")
+    res = {
+        "name": "example.com/cam",
+        "groups": [
+            {
+                "name": "cams",
+                "paths": [{"path": "/dev/video*", "containerPath": "/dev/cam-{name}", "permissions": "r"}],
+                "count": 2,
+                "mounts": [{"hostPath": "/etc/cam.conf", "containerPath": "/etc/cam.conf", "readOnly": True}],
+                "envs": {"CAMS": "{paths}", "CAM_IDS": "{ids}", "N": "{count}", "R": "{resource}",
+                         "HOST": "{hostPaths}", "PHYS": "{devices}"},
+                "annotations": {"example.com/cams": "{devices}"},
+                "cdiDevices": ["example.com/cam={name}"],
+            }
+        ],
+    }  # fmt: skip
+    async with _plugins(host, sock_dir, res), asyncio.timeout(10):
+        await kubelet.wait("example.com/cam", lambda s: len(s) == 4)
+        resp = await kubelet.allocate("example.com/cam", ["video0::0", "video0::1", "video1::0"])
+    assert dict(resp.envs) == {
+        "CAMS": "/dev/cam-video0,/dev/cam-video1",
+        "CAM_IDS": "video0::0,video0::1,video1::0",
+        "N": "3",
+        "R": "example.com/cam",
+        "HOST": "/dev/video0,/dev/video1",
+        "PHYS": "video0,video1",
+    }
+    assert dict(resp.annotations) == {"example.com/cams": "video0,video1"}
+    assert [(d.container_path, d.host_path, d.permissions) for d in resp.devices] == [
+        ("/dev/cam-video0", "/dev/video0", "r"),
+        ("/dev/cam-video1", "/dev/video1", "r"),
+    ]
+    assert [(m.container_path, m.host_path, m.read_only) for m in resp.mounts] == [
+        ("/etc/cam.conf", "/etc/cam.conf", True)
+    ]
+    assert [c.name for c in resp.cdi_devices] == ["example.com/cam=video0", "example.com/cam=video1"]
+
+
+async def test_preferred_allocation_uses_numa_and_placement(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/dri/renderD128", numa_node=0, subsystem="drm")
+    host.add_char_device("/dev/dri/renderD129", numa_node=1, subsystem="drm")
+    host.add_char_device("/dev/dri/renderD130", numa_node=1, subsystem="drm")
+    res = {"name": "example.com/render", "placement": "spread",
+           "groups": [{"paths": [{"path": "/dev/dri/renderD*"}], "count": 2}]}  # fmt: skip
+    async with _plugins(host, sock_dir, res), asyncio.timeout(10):
+        snap = await kubelet.wait("example.com/render", lambda s: len(s) == 6)
+        assert kubelet.plugins["example.com/render"].options.get_preferred_allocation_available
+        topo = {d.ID: [n.ID for n in d.topology.nodes] for d in kubelet.latest_devices("example.com/render")}
+        assert topo["dri-renderD128::1"] == [0] and topo["dri-renderD130::0"] == [1]
+        got = await kubelet.preferred("example.com/render", sorted(snap), [], 2)
+        assert got == ["dri-renderD129::0", "dri-renderD130::0"]  # NUMA 1, two distinct GPUs
+        got = await kubelet.preferred("example.com/render", sorted(snap), ["dri-renderD128::0"], 2)
+        assert got == ["dri-renderD128::0", "dri-renderD128::1"]
+
+
+async def test_reload_from_file_keeps_allocations(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    host.add_char_device("/dev/ttyUSB1")
+    host.add_char_device("/dev/fuse")
+    path = host.root / "config.yaml"
+
+    def write(doc: dict[str, Any] | str) -> None:
+        tmp = host.root / ".config.yaml.tmp"  # editors replace files: write, then rename
+        tmp.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+        tmp.replace(path)
+
+    write(_doc(host, SERIAL))
+    from kubedevice.generic import load_config
+
+    plugins = GenericPlugins(load_config(path), device_plugin_dir=sock_dir, config_path=path)
+    async with plugins, asyncio.timeout(10):
+        await kubelet.wait("example.com/serial", lambda s: len(s) == 2)
+        await kubelet.allocate("example.com/serial", ["ttyUSB0"])
+        # change serial (only ttyUSB1 now) and add fuse
+        serial_v2 = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB1"}]}]}
+        fuse = {"name": "example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}], "count": 2}]}
+        write(_doc(host, serial_v2, fuse))
+        await plugins.wait_reloaded(1)
+        assert plugins.resources == ["example.com/serial", "example.com/fuse"]
+        snap = await kubelet.wait("example.com/serial", lambda s: s.get("ttyUSB0") == "Unhealthy")
+        assert snap == {"ttyUSB0": "Unhealthy", "ttyUSB1": "Healthy"}  # allocated one kept
+        await kubelet.wait_registered("example.com/fuse")
+        await kubelet.wait("example.com/fuse", lambda s: s == {"fuse::0": "Healthy", "fuse::1": "Healthy"})
+        # an invalid config is rejected and the old one keeps running
+        with caplog.at_level(logging.ERROR, logger="kubedevice.generic"):
+            write("version: v1\nresources: [{name: example.com/serial, groups: [{count: 0}]}]\n")
+            await plugins.wait_reloaded(2)
+        assert any(
+            "new config rejected" in r.getMessage() and "resources[0].groups[0].count: must be >= 1"
+            in r.getMessage() for r in caplog.records
+        )  # fmt: skip
+        assert plugins.resources == ["example.com/serial", "example.com/fuse"]
+        # removing a resource stops it; the plugin socket goes away
+        write(_doc(host, serial_v2))
+        await plugins.wait_reloaded(3)
+        assert plugins.resources == ["example.com/serial"]
+        assert not (sock_dir / "example.com-fuse.sock").exists()
+        host.remove("/dev/ttyUSB1")  # hot-plug still works after reloads
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Unhealthy"})

@@ -1,0 +1,64 @@
+"""Fixtures for the emulator tests: an emulator in a short temp dir and raw test plugins."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from rawplugin import RawPlugin  # noqa: E402
+
+from kubedevice.kubelet import Emulator  # noqa: E402
+
+
+@pytest.fixture
+def dp_dir(sock_dir: Path) -> Path:
+    """The device-plugin dir: a sub-directory, so sibling sockets stay inside ``sock_dir``."""
+    d = sock_dir / "dp"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+async def emu(dp_dir: Path) -> AsyncIterator[Emulator]:
+    """A running emulator (no control socket)."""
+    e = Emulator(dp_dir, control_socket=False, dial_timeout_s=1.0)
+    await e.start()
+    try:
+        yield e
+    finally:
+        await e.stop()
+
+
+PluginFactory = Callable[..., Awaitable[RawPlugin]]
+
+
+@pytest.fixture
+async def plugin(dp_dir: Path) -> AsyncIterator[PluginFactory]:
+    """Factory: ``await plugin(resource, devices, **kw)`` serves and registers a RawPlugin."""
+    made: list[RawPlugin] = []
+
+    async def make(*args: Any, register: bool = True, **kw: Any) -> RawPlugin:
+        p = RawPlugin(dp_dir, *args, **kw)
+        made.append(p)
+        await p.serve()
+        if register:
+            await p.register()
+        return p
+
+    try:
+        yield make
+    finally:
+        for p in made:
+            await p.stop()
+
+
+@pytest.fixture
+def raw_plugin_path() -> Iterator[Path]:
+    """Path of the rawplugin script (for subprocesses)."""
+    yield Path(__file__).parent / "rawplugin.py"
