@@ -33,7 +33,9 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                out[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
+                out[key] = (
+                    value if isinstance(value, str | int | float | bool | None) else str(value)
+                )
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)

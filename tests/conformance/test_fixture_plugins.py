@@ -8,12 +8,17 @@ and directory, so they run concurrently (a few at a time) in one module-scoped f
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
-from kubedevice.conformance import Level, Outcome, Report, run_conformance
-from tests.conformance.plugins import fixture_cmd
+from kubedevice.conformance import Level, Outcome, Report, check_plugin, run_conformance
+
+from .plugins import fixture_cmd
 
 #: flag -> the case it must fail.
 BROKEN: dict[str, str] = {
@@ -46,21 +51,30 @@ RUNS: dict[str, Sequence[str]] = {
 }
 
 
-async def _run_all() -> dict[str, Report]:
+async def _run_all(logs: Path) -> dict[str, Report]:
     gate = asyncio.Semaphore(4)
 
-    async def one(flags: Sequence[str]) -> Report:
+    async def one(name: str, flags: Sequence[str]) -> Report:
         async with gate:
             # timeout caps the waits that only a broken plugin reaches; startup stays generous.
-            return await run_conformance(fixture_cmd(*flags), timeout=3.0, startup_timeout=30.0)
+            return await run_conformance(
+                fixture_cmd(*flags),
+                timeout=3.0,
+                startup_timeout=30.0,
+                log_path=logs / f"{name.strip('-')}.log",
+            )
 
-    reports = await asyncio.gather(*(one(flags) for flags in RUNS.values()))
+    reports = await asyncio.gather(*(one(name, flags) for name, flags in RUNS.items()))
     return dict(zip(RUNS, reports, strict=True))
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict[str, Report]:
-    return asyncio.run(_run_all())
+def reports() -> Iterator[dict[str, Report]]:
+    logs = Path(tempfile.mkdtemp(prefix="kd-conf-logs-", dir="/tmp"))
+    try:
+        yield asyncio.run(_run_all(logs))
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def _explain(report: Report) -> str:
@@ -69,7 +83,7 @@ def _explain(report: Report) -> str:
 
 def test_good_plugin_passes_every_case(reports: dict[str, Report]) -> None:
     rep = reports["good"]
-    assert rep.failed == 0 and rep.skipped == 0, _explain(rep)
+    assert (rep.failed, rep.skipped) == (0, 0), _explain(rep)
     assert rep.resources == ("example.com/fixture",)
     assert rep.ok(strict=True)
     assert rep.passed == len(rep.results) == 14
@@ -77,7 +91,7 @@ def test_good_plugin_passes_every_case(reports: dict[str, Report]) -> None:
 
 def test_every_resource_is_checked(reports: dict[str, Report]) -> None:
     rep = reports["multi"]
-    assert rep.failed == 0 and rep.skipped == 0, _explain(rep)
+    assert (rep.failed, rep.skipped) == (0, 0), _explain(rep)
     assert set(rep.resources) == {"example.com/a", "example.com/b"}
     per_resource = [r for r in rep.results if r.resource == "example.com/b"]
     assert len(per_resource) == 13
@@ -90,12 +104,34 @@ def test_cases_without_input_are_skipped_not_passed(reports: dict[str, Report]) 
     skipped = {r.case.id for r in rep.results if r.outcome is Outcome.SKIP}
     assert skipped == {"allocate-unhealthy-refused", "preferred-allocation"}
     assert "no optional RPC advertised" in rep.get("options-honest").evidence
+    # The fixture logs any call of an RPC it did not advertise; the kit must make none.
+    assert "UNADVERTISED RPC CALLED" not in rep.log_path.read_text()
+    assert "registered" in rep.log_path.read_text()
+
+
+def test_plugin_that_exits_at_once_fails_registration(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "import sys; print('no kubelet for me'); sys.exit(3)"]
+    rep = check_plugin(cmd, timeout=5.0, log_path=tmp_path / "plugin.log")
+    reg = rep.get("registration-valid")
+    assert reg.outcome is Outcome.FAIL
+    assert reg.evidence == "plugin process exited with code 3 before registering"
+    assert not rep.ok()
+    assert rep.failed == 1
+    assert rep.skipped == len(rep.results) - 1
+    assert rep.log_tail() == "no kubelet for me\n"
+
+
+def test_plugin_that_never_registers_is_stopped_after_the_startup_timeout(
+    tmp_path: Path,
+) -> None:
+    cmd = [sys.executable, "-c", "import signal; signal.pause()"]
+    rep = check_plugin(cmd, timeout=5.0, startup_timeout=0.5, log_path=tmp_path / "plugin.log")
+    assert rep.get("registration-valid").evidence.startswith("no Register call within 500 ms")
+    assert rep.duration_s < 5.0
 
 
 @pytest.mark.parametrize(("flag", "case_id"), BROKEN.items(), ids=list(BROKEN))
-def test_broken_fixture_fails_its_case(
-    reports: dict[str, Report], flag: str, case_id: str
-) -> None:
+def test_broken_fixture_fails_its_case(reports: dict[str, Report], flag: str, case_id: str) -> None:
     rep = reports[flag]
     result = rep.get(case_id)
     assert result.outcome is Outcome.FAIL, _explain(rep)

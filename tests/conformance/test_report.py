@@ -35,7 +35,8 @@ def test_summary_ok_and_strict(tmp_path: Path) -> None:
         },
     )
     assert rep.summary() == "1 passed, 1 failed, 1 skipped"
-    assert rep.ok() and not rep.ok(strict=True)
+    assert rep.ok()
+    assert not rep.ok(strict=True)
     assert rep.failed_case_ids() == {"allocate-unknown-refused"}
     assert rep.get("allocate-unknown-refused").id == "allocate-unknown-refused[example.com/x]"
     must = _report(tmp_path, {"registration-valid": Outcome.FAIL})
@@ -60,11 +61,15 @@ def test_junit_has_one_testcase_per_case(tmp_path: Path) -> None:
     assert suite is not None
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
     cases = {c.get("name"): c for c in suite.findall("testcase")}
-    assert set(cases) == {f"{cid}[example.com/x]" for cid in (
-        "registration-valid", "allocate-healthy", "preferred-allocation")}
+    assert set(cases) == {
+        f"{cid}[example.com/x]"
+        for cid in ("registration-valid", "allocate-healthy", "preferred-allocation")
+    }
     failed = cases["allocate-healthy[example.com/x]"]
     failure = failed.find("failure")
-    assert failure is not None and failure.get("message") == "evidence for allocate-healthy"
+    assert failure is not None
+    assert failure.get("message") == "evidence for allocate-healthy"
     level = failed.find("properties/property[@name='level']")
-    assert level is not None and level.get("value") == "MUST"
+    assert level is not None
+    assert level.get("value") == "MUST"
     assert cases["preferred-allocation[example.com/x]"].find("skipped") is not None

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kubedevice.generic import FakeHost
 from generic.gen_kubelet import KubeletDouble
+from kubedevice.generic import FakeHost
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ class KubeletDouble:
         double = self
 
         class _Reg(dp_grpc.RegistrationServicer):  # type: ignore[misc]
-            async def Register(self, request: Any, context: Any) -> Any:  # noqa: N802
+            async def Register(self, request: Any, context: Any) -> Any:
                 await double._connect(request.resource_name, request.endpoint)
                 return dp.Empty()
 

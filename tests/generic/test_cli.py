@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from generic.gen_kubelet import KubeletDouble
 
+from generic.gen_kubelet import KubeletDouble
 from kubedevice.generic import FakeHost
 
-KUBEDEVICE = [sys.executable, "-m", "kubedevice.cli.main"]
+KUBEDEVICE = [str(Path(sys.executable).parent / "kubedevice")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,10 +36,14 @@ def _doc(host: FakeHost, path: str) -> dict[str, Any]:
     }
 
 
-async def test_run_with_bad_config_exits_nonzero_naming_the_field(host: FakeHost, sock_dir: Path) -> None:
+async def test_run_with_bad_config_exits_nonzero_naming_the_field(
+    host: FakeHost, sock_dir: Path
+) -> None:
     bad = host.root / "bad.yaml"
-    bad.write_text("version: v1\nresources:\n  - name: example.com/x\n    groups:\n"
-                   "      - paths: [{path: /dev/x}]\n        count: 0\n")  # fmt: skip
+    bad.write_text(
+        "version: v1\nresources:\n  - name: example.com/x\n    groups:\n"
+        "      - paths: [{path: /dev/x}]\n        count: 0\n"
+    )
     code, out = await _exec("run", "--config", str(bad), "--device-plugin-dir", str(sock_dir))
     assert code == 2
     assert f"{bad}: resources[0].groups[0].count: must be >= 1 (got 0)" in out
@@ -72,21 +76,32 @@ async def test_run_registers_reloads_on_sighup_and_exits_0_on_sigterm(
     real_dir = host.root / "real"
     real_dir.mkdir()
     real = real_dir / "config.yaml"
-    real.write_text(yaml.safe_dump(_doc(host, "/dev/ttyUSB*")))
+
+    def doc(path: str) -> str:  # no devRoot/sysRoot: --dev-root/--sys-root give them
+        d = _doc(host, path)
+        del d["devRoot"], d["sysRoot"]
+        return yaml.safe_dump(d)
+
+    real.write_text(doc("/dev/ttyUSB*"))
     conf_dir = host.root / "conf"
     conf_dir.mkdir()
     (conf_dir / "config.yaml").symlink_to(real)
     proc = await asyncio.create_subprocess_exec(
-        *KUBEDEVICE, "run", "--config", str(conf_dir / "config.yaml"),
-        "--device-plugin-dir", str(sock_dir),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        *KUBEDEVICE,
+        "run",
+        "--config",
+        str(conf_dir / "config.yaml"),
+        "--device-plugin-dir",
+        str(sock_dir),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         async with asyncio.timeout(30):
             await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Healthy"})
             assert (sock_dir / "example.com-serial.sock").is_socket()
             assert (sock_dir / "example.com-serial.sock").stat().st_mode & 0o777 == 0o600
-            real.write_text(yaml.safe_dump(_doc(host, "/dev/tty[UA]*")))
+            real.write_text(doc("/dev/tty[UA]*"))
             proc.send_signal(signal.SIGHUP)
             await kubelet.wait("example.com/serial", lambda s: len(s) == 2)
             host.remove("/dev/ttyACM0")

@@ -29,99 +29,216 @@ def _with(res: dict[str, Any], **top: Any) -> dict[str, Any]:
 
 BAD: list[tuple[str, Any, str]] = [
     ("not-a-mapping", [1, 2], "c.yaml: (top level): expected a mapping (got a list)"),
-    ("bad-version", {"version": "v2", "resources": []},
-     "c.yaml: version: unsupported version 'v2' (supported: 'v1')"),
-    ("missing-version", {"resources": [{"name": "example.com/x", "groups": [{"paths": [{"path": "/dev/x"}]}]}]},
-     "c.yaml: version: required field is missing"),
-    ("no-resources", {"version": "v1", "resources": []},
-     "c.yaml: resources: must have at least 1 item(s) (got 0)"),
-    ("unknown-top-key", {**_res(), "devroot": "/x"},
-     "c.yaml: devroot: unknown key (allowed: devRoot, keepUnhealthySeconds, resources, sysRoot, version)"),
-    ("unknown-group-key", _res(cont=1),
-     "c.yaml: resources[0].groups[0].cont: unknown key (allowed: annotations, cdiDevices, count, "
-     "envs, health, mounts, name, paths, perMatch, usb)"),
+    (
+        "bad-version",
+        {"version": "v2", "resources": []},
+        "c.yaml: version: unsupported version 'v2' (supported: 'v1')",
+    ),
+    (
+        "missing-version",
+        {"resources": [{"name": "example.com/x", "groups": [{"paths": [{"path": "/dev/x"}]}]}]},
+        "c.yaml: version: required field is missing",
+    ),
+    (
+        "no-resources",
+        {"version": "v1", "resources": []},
+        "c.yaml: resources: must have at least 1 item(s) (got 0)",
+    ),
+    (
+        "unknown-top-key",
+        {**_res(), "devroot": "/x"},
+        "c.yaml: devroot: unknown key (allowed: devRoot, keepUnhealthySeconds, resources, "
+        "sysRoot, version)",
+    ),
+    (
+        "unknown-group-key",
+        _res(cont=1),
+        "c.yaml: resources[0].groups[0].cont: unknown key (allowed: annotations, cdiDevices, "
+        "count, envs, health, mounts, name, paths, perMatch, usb)",
+    ),
     ("count-zero", _res(count=0), "c.yaml: resources[0].groups[0].count: must be >= 1 (got 0)"),
-    ("count-string", _res(count="2"),
-     "c.yaml: resources[0].groups[0].count: expected an integer (got '2')"),
-    ("bad-resource-name", _with({"name": "Example.com/x"}),
-     "c.yaml: resources[0].name: the domain 'Example.com' is not a DNS-1123 subdomain "
-     "(lower-case a-z, 0-9, '-' and '.', starting and ending with an alphanumeric character)"),
-    ("resource-name-no-domain", _with({"name": "serial"}),
-     "c.yaml: resources[0].name: it has no domain: an extended resource name looks like "
-     "'example.com/name'"),
-    ("path-outside-dev", _res(paths=[{"path": "/etc/passwd"}]),
-     "c.yaml: resources[0].groups[0].paths[0].path: must be a path under /dev/ (got '/etc/passwd')"),
-    ("path-relative", _res(paths=[{"path": "ttyUSB0"}]),
-     "c.yaml: resources[0].groups[0].paths[0].path: must be an absolute path under /dev "
-     "(got 'ttyUSB0')"),
-    ("path-dotdot", _res(paths=[{"path": "/dev/../etc/x"}]),
-     "c.yaml: resources[0].groups[0].paths[0].path: must not contain '..' (got '/dev/../etc/x')"),
-    ("bad-permissions", _res(paths=[{"path": "/dev/x", "permissions": "rx"}]),
-     "c.yaml: resources[0].groups[0].paths[0].permissions: must be a non-empty combination of "
-     "'r', 'w', 'm' (got 'rx')"),
-    ("no-paths-no-usb", _res(paths=[]),
-     "c.yaml: resources[0].groups[0]: needs exactly one of 'paths' or 'usb'"),
-    ("paths-and-usb", _res(usb=[{"vendor": "0403"}]),
-     "c.yaml: resources[0].groups[0]: needs exactly one of 'paths' or 'usb'"),
-    ("usb-vendor-int", _res(paths=[], usb=[{"vendor": 403}]),
-     "c.yaml: resources[0].groups[0].usb[0].vendor: expected a string (got 403)"),
-    ("usb-vendor-hex", _res(paths=[], usb=[{"vendor": "04g3"}]),
-     "c.yaml: resources[0].groups[0].usb[0].vendor: must be 4 hexadecimal digits, e.g. '0403' "
-     "(got '04g3')"),
-    ("env-unknown-var", _res(envs={"A": "{foo}"}),
-     "c.yaml: resources[0].groups[0].envs.A: unknown template variable {foo}; expected one of "
-     "{count}, {devices}, {hostPaths}, {ids}, {paths}, {resource}"),
-    ("env-unbalanced", _res(envs={"A": "x{ids"}),
-     "c.yaml: resources[0].groups[0].envs.A: unbalanced '{' at offset 1 (write {{ for a literal "
-     "brace)"),
-    ("env-bad-name", _res(envs={"1A": "x"}),
-     "c.yaml: resources[0].groups[0].envs: '1A' is not a valid environment variable name"),
-    ("cdi-unknown-var", _res(cdiDevices=["v.com/c={ids}"]),
-     "c.yaml: resources[0].groups[0].cdiDevices[0]: unknown template variable {ids}; expected "
-     "one of {id}, {name}"),
-    ("health-empty", _res(health={"periodSeconds": 1}),
-     "c.yaml: resources[0].groups[0].health: needs 'sysfsAttribute' or 'command'"),
-    ("health-period", _res(health={"periodSeconds": 0, "command": {"argv": ["true"]}}),
-     "c.yaml: resources[0].groups[0].health.periodSeconds: must be >= 0.01 (got 0)"),
-    ("health-argv-empty", _res(health={"command": {"argv": []}}),
-     "c.yaml: resources[0].groups[0].health.command.argv: must have at least 1 item(s) (got 0)"),
-    ("health-timeout", _res(health={"command": {"argv": ["true"], "timeoutSeconds": -1}}),
-     "c.yaml: resources[0].groups[0].health.command.timeoutSeconds: must be > 0 (got -1)"),
-    ("sysfs-outside", _res(health={"sysfsAttribute": {"path": "/proc/x", "expect": "1"}}),
-     "c.yaml: resources[0].groups[0].health.sysfsAttribute.path: must be a path under /sys/ "
-     "(got '/proc/x')"),
-    ("placement", _with({"placement": "random"}),
-     "c.yaml: resources[0].placement: must be 'spread' or 'pack' (got 'random')"),
+    (
+        "count-string",
+        _res(count="2"),
+        "c.yaml: resources[0].groups[0].count: expected an integer (got '2')",
+    ),
+    (
+        "bad-resource-name",
+        _with({"name": "Example.com/x"}),
+        "c.yaml: resources[0].name: the domain 'Example.com' is not a DNS-1123 subdomain "
+        "(lower-case a-z, 0-9, '-' and '.', starting and ending with an alphanumeric character)",
+    ),
+    (
+        "resource-name-no-domain",
+        _with({"name": "serial"}),
+        "c.yaml: resources[0].name: it has no domain: an extended resource name looks like "
+        "'example.com/name'",
+    ),
+    (
+        "path-outside-dev",
+        _res(paths=[{"path": "/etc/passwd"}]),
+        "c.yaml: resources[0].groups[0].paths[0].path: must be a path under /dev/ "
+        "(got '/etc/passwd')",
+    ),
+    (
+        "path-relative",
+        _res(paths=[{"path": "ttyUSB0"}]),
+        "c.yaml: resources[0].groups[0].paths[0].path: must be an absolute path under /dev "
+        "(got 'ttyUSB0')",
+    ),
+    (
+        "path-dotdot",
+        _res(paths=[{"path": "/dev/../etc/x"}]),
+        "c.yaml: resources[0].groups[0].paths[0].path: must not contain '..' (got '/dev/../etc/x')",
+    ),
+    (
+        "bad-permissions",
+        _res(paths=[{"path": "/dev/x", "permissions": "rx"}]),
+        "c.yaml: resources[0].groups[0].paths[0].permissions: must be a non-empty combination of "
+        "'r', 'w', 'm' (got 'rx')",
+    ),
+    (
+        "no-paths-no-usb",
+        _res(paths=[]),
+        "c.yaml: resources[0].groups[0]: needs exactly one of 'paths' or 'usb'",
+    ),
+    (
+        "paths-and-usb",
+        _res(usb=[{"vendor": "0403"}]),
+        "c.yaml: resources[0].groups[0]: needs exactly one of 'paths' or 'usb'",
+    ),
+    (
+        "usb-vendor-int",
+        _res(paths=[], usb=[{"vendor": 403}]),
+        "c.yaml: resources[0].groups[0].usb[0].vendor: expected a string (got 403)",
+    ),
+    (
+        "usb-vendor-hex",
+        _res(paths=[], usb=[{"vendor": "04g3"}]),
+        "c.yaml: resources[0].groups[0].usb[0].vendor: must be 4 hexadecimal digits, e.g. '0403' "
+        "(got '04g3')",
+    ),
+    (
+        "env-unknown-var",
+        _res(envs={"A": "{foo}"}),
+        "c.yaml: resources[0].groups[0].envs.A: unknown template variable {foo}; expected one of "
+        "{count}, {devices}, {hostPaths}, {ids}, {paths}, {resource}",
+    ),
+    (
+        "env-unbalanced",
+        _res(envs={"A": "x{ids"}),
+        "c.yaml: resources[0].groups[0].envs.A: unbalanced '{' at offset 1 (write {{ for a literal "
+        "brace)",
+    ),
+    (
+        "env-bad-name",
+        _res(envs={"1A": "x"}),
+        "c.yaml: resources[0].groups[0].envs: '1A' is not a valid environment variable name",
+    ),
+    (
+        "cdi-unknown-var",
+        _res(cdiDevices=["v.com/c={ids}"]),
+        "c.yaml: resources[0].groups[0].cdiDevices[0]: unknown template variable {ids}; expected "
+        "one of {id}, {name}",
+    ),
+    (
+        "health-empty",
+        _res(health={"periodSeconds": 1}),
+        "c.yaml: resources[0].groups[0].health: needs 'sysfsAttribute' or 'command'",
+    ),
+    (
+        "health-period",
+        _res(health={"periodSeconds": 0, "command": {"argv": ["true"]}}),
+        "c.yaml: resources[0].groups[0].health.periodSeconds: must be >= 0.01 (got 0)",
+    ),
+    (
+        "health-argv-empty",
+        _res(health={"command": {"argv": []}}),
+        "c.yaml: resources[0].groups[0].health.command.argv: must have at least 1 item(s) (got 0)",
+    ),
+    (
+        "health-timeout",
+        _res(health={"command": {"argv": ["true"], "timeoutSeconds": -1}}),
+        "c.yaml: resources[0].groups[0].health.command.timeoutSeconds: must be > 0 (got -1)",
+    ),
+    (
+        "sysfs-outside",
+        _res(health={"sysfsAttribute": {"path": "/proc/x", "expect": "1"}}),
+        "c.yaml: resources[0].groups[0].health.sysfsAttribute.path: must be a path under /sys/ "
+        "(got '/proc/x')",
+    ),
+    (
+        "placement",
+        _with({"placement": "random"}),
+        "c.yaml: resources[0].placement: must be 'spread' or 'pack' (got 'random')",
+    ),
     ("limit-zero", _with({"limit": 0}), "c.yaml: resources[0].limit: must be >= 1 (got 0)"),
-    ("no-groups", _with({"groups": []}),
-     "c.yaml: resources[0].groups: must have at least 1 item(s) (got 0)"),
-    ("group-name", _res(name="-bad"),
-     "c.yaml: resources[0].groups[0].name: must be 1-32 characters of [A-Za-z0-9._-], starting "
-     "and ending alphanumeric (got '-bad')"),
-    ("optional-primary", _res(paths=[{"path": "/dev/x", "optional": True}]),
-     "c.yaml: resources[0].groups[0]: paths[0] is the per-device path and cannot be optional"),
-    ("shared-glob-container-path",
-     _res(perMatch=False, paths=[{"path": "/dev/video*", "containerPath": "/dev/video"}]),
-     "c.yaml: resources[0].groups[0]: paths[0].containerPath must contain {name} because the "
-     "glob can match several nodes of one device"),
-    ("mount-relative", _res(mounts=[{"hostPath": "x", "containerPath": "/x"}]),
-     "c.yaml: resources[0].groups[0].mounts[0].hostPath: must be an absolute path (got 'x')"),
-    ("mount-missing", _res(mounts=[{"hostPath": "/x"}]),
-     "c.yaml: resources[0].groups[0].mounts[0].containerPath: required field is missing"),
-    ("dup-group", _with({"groups": [{"name": "g", "paths": [{"path": "/dev/a"}]},
-                                    {"name": "g", "paths": [{"path": "/dev/b"}]}]}),
-     "c.yaml: resources[0].groups[1]: duplicate group name 'g'"),
-    ("dup-resource", {"version": "v1", "resources": [_res()["resources"][0]] * 2},
-     "c.yaml: resources[1].name: duplicate resource name 'example.com/x'"),
-    ("keep-negative", {**_res(), "keepUnhealthySeconds": -1},
-     "c.yaml: keepUnhealthySeconds: must be >= 0 (got -1)"),
-    ("snake-case-key", _res(per_match=False),
-     "c.yaml: resources[0].groups[0].per_match: unknown key (allowed: annotations, cdiDevices, "
-     "count, envs, health, mounts, name, paths, perMatch, usb)"),
-]  # fmt: skip
+    (
+        "no-groups",
+        _with({"groups": []}),
+        "c.yaml: resources[0].groups: must have at least 1 item(s) (got 0)",
+    ),
+    (
+        "group-name",
+        _res(name="-bad"),
+        "c.yaml: resources[0].groups[0].name: must be 1-32 characters of [A-Za-z0-9._-], starting "
+        "and ending alphanumeric (got '-bad')",
+    ),
+    (
+        "optional-primary",
+        _res(paths=[{"path": "/dev/x", "optional": True}]),
+        "c.yaml: resources[0].groups[0]: paths[0] is the per-device path and cannot be optional",
+    ),
+    (
+        "shared-glob-container-path",
+        _res(perMatch=False, paths=[{"path": "/dev/video*", "containerPath": "/dev/video"}]),
+        "c.yaml: resources[0].groups[0]: paths[0].containerPath must contain {name} because the "
+        "glob can match several nodes of one device",
+    ),
+    (
+        "mount-relative",
+        _res(mounts=[{"hostPath": "x", "containerPath": "/x"}]),
+        "c.yaml: resources[0].groups[0].mounts[0].hostPath: must be an absolute path (got 'x')",
+    ),
+    (
+        "mount-missing",
+        _res(mounts=[{"hostPath": "/x"}]),
+        "c.yaml: resources[0].groups[0].mounts[0].containerPath: required field is missing",
+    ),
+    (
+        "dup-group",
+        _with(
+            {
+                "groups": [
+                    {"name": "g", "paths": [{"path": "/dev/a"}]},
+                    {"name": "g", "paths": [{"path": "/dev/b"}]},
+                ]
+            }
+        ),
+        "c.yaml: resources[0].groups[1]: duplicate group name 'g'",
+    ),
+    (
+        "dup-resource",
+        {"version": "v1", "resources": [_res()["resources"][0]] * 2},
+        "c.yaml: resources[1].name: duplicate resource name 'example.com/x'",
+    ),
+    (
+        "keep-negative",
+        {**_res(), "keepUnhealthySeconds": -1},
+        "c.yaml: keepUnhealthySeconds: must be >= 0 (got -1)",
+    ),
+    (
+        "snake-case-key",
+        _res(per_match=False),
+        "c.yaml: resources[0].groups[0].per_match: unknown key (allowed: annotations, cdiDevices, "
+        "count, envs, health, mounts, name, paths, perMatch, usb)",
+    ),
+]
 
 
-@pytest.mark.parametrize(("data", "message"), [(d, m) for _, d, m in BAD], ids=[i for i, _, _ in BAD])
+@pytest.mark.parametrize(
+    ("data", "message"), [(d, m) for _, d, m in BAD], ids=[i for i, _, _ in BAD]
+)
 def test_bad_config_message(data: Any, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(data, "c.yaml")
@@ -140,8 +257,10 @@ def test_several_errors_are_all_reported() -> None:
 
 def test_load_config_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
-    path.write_text("version: v1\nresources:\n  - name: example.com/x\n    groups:\n"
-                    "      - paths: [{path: /dev/x}]\n        count: 0\n")  # fmt: skip
+    path.write_text(
+        "version: v1\nresources:\n  - name: example.com/x\n    groups:\n"
+        "      - paths: [{path: /dev/x}]\n        count: 0\n"
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert str(info.value) == f"{path}: resources[0].groups[0].count: must be >= 1 (got 0)"

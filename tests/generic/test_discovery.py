@@ -75,7 +75,10 @@ def test_container_path_template_and_extra_paths(host: FakeHost) -> None:
 
 def test_required_extra_path_missing_means_no_devices(host: FakeHost) -> None:
     host.add_char_device("/dev/kvm")
-    res = {"name": "a.com/k", "groups": [{"paths": [{"path": "/dev/kvm"}, {"path": "/dev/net/tun"}]}]}
+    res = {
+        "name": "a.com/k",
+        "groups": [{"paths": [{"path": "/dev/kvm"}, {"path": "/dev/net/tun"}]}],
+    }
     assert _scan(host, res)["a.com/k"] == []
     host.add_char_device("/dev/net/tun")
     assert _ids(_scan(host, res), "a.com/k") == ["kvm"]
@@ -200,8 +203,13 @@ def test_numa_from_class_entry_and_pci_parent(host: FakeHost) -> None:
 def test_ids_are_stable_across_scanners(host: FakeHost) -> None:
     for path in ("/dev/dri/renderD128", "/dev/serial/by-path/pci-0000:00:14.0-usb-0:1:1.0-port0"):
         host.add_char_device(path)
-    res = {"name": "a.com/x", "groups": [{"paths": [{"path": "/dev/dri/*"}]},
-                                         {"paths": [{"path": "/dev/serial/by-path/*"}]}]}  # fmt: skip
+    res = {
+        "name": "a.com/x",
+        "groups": [
+            {"paths": [{"path": "/dev/dri/*"}]},
+            {"paths": [{"path": "/dev/serial/by-path/*"}]},
+        ],
+    }
     first = _ids(_scan(host, res), "a.com/x")
     second = _ids(_scan(host, res), "a.com/x")
     assert first == second
@@ -243,11 +251,27 @@ def test_colliding_ids_in_one_resource_stay_distinct(host: FakeHost) -> None:
     host.add_char_device("/dev/vhost/net")
     found = _scan(
         host,
-        {"name": "a.com/v", "groups": [{"paths": [{"path": "/dev/vhost-net"}]},
-                                       {"paths": [{"path": "/dev/vhost/net"}]}]},  # fmt: skip
+        {
+            "name": "a.com/v",
+            "groups": [
+                {"paths": [{"path": "/dev/vhost-net"}]},
+                {"paths": [{"path": "/dev/vhost/net"}]},
+            ],
+        },
     )
     ids = _ids(found, "a.com/v")
     assert ids[0] == "vhost-net"
     assert len(set(ids)) == 2
-    assert ids == _ids(_scan(host, {"name": "a.com/v", "groups": [
-        {"paths": [{"path": "/dev/vhost-net"}]}, {"paths": [{"path": "/dev/vhost/net"}]}]}), "a.com/v")  # fmt: skip
+    assert ids == _ids(
+        _scan(
+            host,
+            {
+                "name": "a.com/v",
+                "groups": [
+                    {"paths": [{"path": "/dev/vhost-net"}]},
+                    {"paths": [{"path": "/dev/vhost/net"}]},
+                ],
+            },
+        ),
+        "a.com/v",
+    )

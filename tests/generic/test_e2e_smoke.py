@@ -6,11 +6,12 @@ import asyncio
 from pathlib import Path
 
 from generic.gen_kubelet import KubeletDouble
-
 from kubedevice.generic import FakeHost, GenericPlugins, parse_config
 
 
-async def test_hotplug_reaches_kubelet(host: FakeHost, kubelet: KubeletDouble, sock_dir: Path) -> None:
+async def test_hotplug_reaches_kubelet(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
     host.add_char_device("/dev/ttyUSB0")
     cfg = parse_config(
         {

@@ -55,13 +55,31 @@ async def test_sysfs_attribute_symlink_escape(host: FakeHost) -> None:
 @pytest.mark.parametrize(
     ("argv", "healthy", "reason"),
     [
-        ([sys.executable, "-c", "import sys; sys.exit(0 if sys.argv[1].endswith('D128') else 1)",
-          "{path}"], True, ""),  # fmt: skip
-        ([sys.executable, "-c", "raise SystemExit(3)"], False,
-         f"command {sys.executable} exited with status 3"),  # fmt: skip
-        (["/nonexistent/check"], False, "cannot start /nonexistent/check: No such file or directory"),
-        ([sys.executable, "-c", "import time; time.sleep(30)"], False,
-         f"command {sys.executable} timed out after 0.2s"),  # fmt: skip
+        (
+            [
+                sys.executable,
+                "-c",
+                "import sys; sys.exit(0 if sys.argv[1].endswith('D128') else 1)",
+                "{path}",
+            ],
+            True,
+            "",
+        ),
+        (
+            [sys.executable, "-c", "raise SystemExit(3)"],
+            False,
+            f"command {sys.executable} exited with status 3",
+        ),
+        (
+            ["/nonexistent/check"],
+            False,
+            "cannot start /nonexistent/check: No such file or directory",
+        ),
+        (
+            [sys.executable, "-c", "import time; time.sleep(30)"],
+            False,
+            f"command {sys.executable} timed out after 0.2s",
+        ),
     ],
     ids=["ok", "exit-status", "cannot-start", "timeout"],
 )

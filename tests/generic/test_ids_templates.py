@@ -51,10 +51,16 @@ def test_template_render_and_escapes() -> None:
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ("{bad}", "unknown template variable {bad}; expected one of {count}, {devices}, "
-                  "{hostPaths}, {ids}, {paths}, {resource}"),  # fmt: skip
-        ("{ids.__class__}", "unknown template variable {ids.__class__}; expected one of "
-                            "{count}, {devices}, {hostPaths}, {ids}, {paths}, {resource}"),  # fmt: skip
+        (
+            "{bad}",
+            "unknown template variable {bad}; expected one of {count}, {devices}, "
+            "{hostPaths}, {ids}, {paths}, {resource}",
+        ),
+        (
+            "{ids.__class__}",
+            "unknown template variable {ids.__class__}; expected one of "
+            "{count}, {devices}, {hostPaths}, {ids}, {paths}, {resource}",
+        ),
         ("a}", "unbalanced '}' at offset 1 (write }} for a literal brace)"),
     ],
 )

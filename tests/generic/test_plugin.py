@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from generic.gen_kubelet import KubeletDouble
 
+from generic.gen_kubelet import KubeletDouble
 from kubedevice.generic import FakeHost, GenericPlugins, parse_config
 
 SERIAL = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}
@@ -26,7 +26,9 @@ def _doc(host: FakeHost, *resources: dict[str, Any], **top: Any) -> dict[str, An
     }
 
 
-def _plugins(host: FakeHost, sock_dir: Path, *resources: dict[str, Any], **top: Any) -> GenericPlugins:
+def _plugins(
+    host: FakeHost, sock_dir: Path, *resources: dict[str, Any], **top: Any
+) -> GenericPlugins:
     return GenericPlugins(parse_config(_doc(host, *resources, **top)), device_plugin_dir=sock_dir)
 
 
@@ -87,7 +89,9 @@ async def test_usb_hotplug(host: FakeHost, kubelet: KubeletDouble, sock_dir: Pat
         name = host.add_usb("0403", "6001", "A1", busnum=1, devnum=4)
         await kubelet.wait("example.com/ftdi", lambda s: s == {"usb-0403-6001-A1": "Healthy"})
         resp = await kubelet.allocate("example.com/ftdi", ["usb-0403-6001-A1"])
-        assert [(d.host_path, d.permissions) for d in resp.devices] == [("/dev/bus/usb/001/004", "rw")]
+        assert [(d.host_path, d.permissions) for d in resp.devices] == [
+            ("/dev/bus/usb/001/004", "rw")
+        ]
         host.remove_usb(name)
         await kubelet.wait("example.com/ftdi", lambda s: s == {"usb-0403-6001-A1": "Unhealthy"})
         host.add_usb("0403", "6001", "A1", busnum=2, devnum=9)  # re-plugged elsewhere: same ID
@@ -110,7 +114,10 @@ async def test_health_flapping_and_failing_source(
                 "count": 2,
                 "health": {
                     "periodSeconds": 0.02,
-                    "sysfsAttribute": {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"},
+                    "sysfsAttribute": {
+                        "path": "/sys/class/drm/{name}/device/enable",
+                        "expect": "1",
+                    },
                 },
             }
         ],
@@ -141,16 +148,30 @@ async def test_allocate_renders_templates_and_dedupes_nodes(
         "groups": [
             {
                 "name": "cams",
-                "paths": [{"path": "/dev/video*", "containerPath": "/dev/cam-{name}", "permissions": "r"}],
+                "paths": [
+                    {"path": "/dev/video*", "containerPath": "/dev/cam-{name}", "permissions": "r"}
+                ],
                 "count": 2,
-                "mounts": [{"hostPath": "/etc/cam.conf", "containerPath": "/etc/cam.conf", "readOnly": True}],
-                "envs": {"CAMS": "{paths}", "CAM_IDS": "{ids}", "N": "{count}", "R": "{resource}",
-                         "HOST": "{hostPaths}", "PHYS": "{devices}"},
+                "mounts": [
+                    {
+                        "hostPath": "/etc/cam.conf",
+                        "containerPath": "/etc/cam.conf",
+                        "readOnly": True,
+                    }
+                ],
+                "envs": {
+                    "CAMS": "{paths}",
+                    "CAM_IDS": "{ids}",
+                    "N": "{count}",
+                    "R": "{resource}",
+                    "HOST": "{hostPaths}",
+                    "PHYS": "{devices}",
+                },
                 "annotations": {"example.com/cams": "{devices}"},
                 "cdiDevices": ["example.com/cam={name}"],
             }
         ],
-    }  # fmt: skip
+    }
     async with _plugins(host, sock_dir, res), asyncio.timeout(10):
         await kubelet.wait("example.com/cam", lambda s: len(s) == 4)
         resp = await kubelet.allocate("example.com/cam", ["video0::0", "video0::1", "video1::0"])
@@ -170,7 +191,10 @@ async def test_allocate_renders_templates_and_dedupes_nodes(
     assert [(m.container_path, m.host_path, m.read_only) for m in resp.mounts] == [
         ("/etc/cam.conf", "/etc/cam.conf", True)
     ]
-    assert [c.name for c in resp.cdi_devices] == ["example.com/cam=video0", "example.com/cam=video1"]
+    assert [c.name for c in resp.cdi_devices] == [
+        "example.com/cam=video0",
+        "example.com/cam=video1",
+    ]
 
 
 async def test_preferred_allocation_uses_numa_and_placement(
@@ -179,13 +203,20 @@ async def test_preferred_allocation_uses_numa_and_placement(
     host.add_char_device("/dev/dri/renderD128", numa_node=0, subsystem="drm")
     host.add_char_device("/dev/dri/renderD129", numa_node=1, subsystem="drm")
     host.add_char_device("/dev/dri/renderD130", numa_node=1, subsystem="drm")
-    res = {"name": "example.com/render", "placement": "spread",
-           "groups": [{"paths": [{"path": "/dev/dri/renderD*"}], "count": 2}]}  # fmt: skip
+    res = {
+        "name": "example.com/render",
+        "placement": "spread",
+        "groups": [{"paths": [{"path": "/dev/dri/renderD*"}], "count": 2}],
+    }
     async with _plugins(host, sock_dir, res), asyncio.timeout(10):
         snap = await kubelet.wait("example.com/render", lambda s: len(s) == 6)
         assert kubelet.plugins["example.com/render"].options.get_preferred_allocation_available
-        topo = {d.ID: [n.ID for n in d.topology.nodes] for d in kubelet.latest_devices("example.com/render")}
-        assert topo["dri-renderD128::1"] == [0] and topo["dri-renderD130::0"] == [1]
+        topo = {
+            d.ID: [n.ID for n in d.topology.nodes]
+            for d in kubelet.latest_devices("example.com/render")
+        }
+        assert topo["dri-renderD128::1"] == [0]
+        assert topo["dri-renderD130::0"] == [1]
         got = await kubelet.preferred("example.com/render", sorted(snap), [], 2)
         assert got == ["dri-renderD129::0", "dri-renderD130::0"]  # NUMA 1, two distinct GPUs
         got = await kubelet.preferred("example.com/render", sorted(snap), ["dri-renderD128::0"], 2)
@@ -213,23 +244,32 @@ async def test_reload_from_file_keeps_allocations(
         await kubelet.wait("example.com/serial", lambda s: len(s) == 2)
         await kubelet.allocate("example.com/serial", ["ttyUSB0"])
         # change serial (only ttyUSB1 now) and add fuse
-        serial_v2 = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB1"}]}]}
-        fuse = {"name": "example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}], "count": 2}]}
+        serial_v2 = {
+            "name": "example.com/serial",
+            "groups": [{"paths": [{"path": "/dev/ttyUSB1"}]}],
+        }
+        fuse = {
+            "name": "example.com/fuse",
+            "groups": [{"paths": [{"path": "/dev/fuse"}], "count": 2}],
+        }
         write(_doc(host, serial_v2, fuse))
         await plugins.wait_reloaded(1)
         assert plugins.resources == ["example.com/serial", "example.com/fuse"]
         snap = await kubelet.wait("example.com/serial", lambda s: s.get("ttyUSB0") == "Unhealthy")
         assert snap == {"ttyUSB0": "Unhealthy", "ttyUSB1": "Healthy"}  # allocated one kept
         await kubelet.wait_registered("example.com/fuse")
-        await kubelet.wait("example.com/fuse", lambda s: s == {"fuse::0": "Healthy", "fuse::1": "Healthy"})
+        await kubelet.wait(
+            "example.com/fuse", lambda s: s == {"fuse::0": "Healthy", "fuse::1": "Healthy"}
+        )
         # an invalid config is rejected and the old one keeps running
         with caplog.at_level(logging.ERROR, logger="kubedevice.generic"):
             write("version: v1\nresources: [{name: example.com/serial, groups: [{count: 0}]}]\n")
             await plugins.wait_reloaded(2)
         assert any(
-            "new config rejected" in r.getMessage() and "resources[0].groups[0].count: must be >= 1"
-            in r.getMessage() for r in caplog.records
-        )  # fmt: skip
+            "new config rejected" in r.getMessage()
+            and "resources[0].groups[0].count: must be >= 1" in r.getMessage()
+            for r in caplog.records
+        )
         assert plugins.resources == ["example.com/serial", "example.com/fuse"]
         # removing a resource stops it; the plugin socket goes away
         write(_doc(host, serial_v2))

@@ -35,7 +35,9 @@ def _describe(numa: dict[str, int | None]):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=300, deadline=None)
 @given(_PHYS, st.data(), st.sampled_from(["spread", "pack"]))
-def test_invariants(phys: list[tuple[int, int | None]], data: st.DataObject, placement: str) -> None:
+def test_invariants(
+    phys: list[tuple[int, int | None]], data: st.DataObject, placement: str
+) -> None:
     ids, numa = _world(phys)
     available = data.draw(st.lists(st.sampled_from(ids), unique=True, min_size=1))
     must = data.draw(st.lists(st.sampled_from(available), unique=True, max_size=3))
@@ -56,12 +58,15 @@ def test_one_numa_node_when_it_fits(
     phys: list[tuple[int, int | None]], data: st.DataObject, placement: str
 ) -> None:
     ids, numa = _world(phys)
-    per_node = Counter(numa[split_replica(i)[0]] for i in ids if numa[split_replica(i)[0]] is not None)
+    per_node = Counter(
+        numa[split_replica(i)[0]] for i in ids if numa[split_replica(i)[0]] is not None
+    )
     assume(per_node)
     size = data.draw(st.integers(1, max(per_node.values())))
     out = preferred_allocation(ids, [], size, _describe(numa), placement)  # type: ignore[arg-type]
     nodes = {numa[split_replica(i)[0]] for i in out}
-    assert len(nodes) == 1 and None not in nodes
+    assert len(nodes) == 1
+    assert None not in nodes
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,9 +101,7 @@ def test_pack_touches_fewest_devices(counts: list[int], data: st.DataObject) -> 
 
 def test_must_include_pulls_its_numa_node() -> None:
     numa = {"a": 0, "b": 1, "c": 1, "d": 0}
-    out = preferred_allocation(
-        ["a", "b", "c", "d"], ["b"], 2, lambda i: (i, numa[i]), "spread"
-    )
+    out = preferred_allocation(["a", "b", "c", "d"], ["b"], 2, lambda i: (i, numa[i]), "spread")
     assert out == ["b", "c"]
 
 

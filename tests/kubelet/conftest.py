@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from rawplugin import RawPlugin  # noqa: E402
+from kubelet_helpers import PluginFactory
+from rawplugin import RawPlugin
 
-from kubedevice.kubelet import Emulator  # noqa: E402
+from kubedevice.kubelet import Emulator
 
 
 @pytest.fixture
@@ -33,9 +34,6 @@ async def emu(dp_dir: Path) -> AsyncIterator[Emulator]:
         yield e
     finally:
         await e.stop()
-
-
-PluginFactory = Callable[..., Awaitable[RawPlugin]]
 
 
 @pytest.fixture
@@ -59,6 +57,6 @@ async def plugin(dp_dir: Path) -> AsyncIterator[PluginFactory]:
 
 
 @pytest.fixture
-def raw_plugin_path() -> Iterator[Path]:
+def raw_plugin_path() -> Path:
     """Path of the rawplugin script (for subprocesses)."""
-    yield Path(__file__).parent / "rawplugin.py"
+    return Path(__file__).parent / "rawplugin.py"

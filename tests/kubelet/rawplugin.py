@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,7 @@ class RawPlugin(dp_grpc.DevicePluginServicer):
         self.preferred_error: str | None = None
         self.pre_start_error: str | None = None
         self.options_error: str | None = None
+        self.print_sent = False
         self._queues: list[asyncio.Queue[dp.ListAndWatchResponse | None]] = []
         self._server: aio.Server | None = None
         self.stream_opened = asyncio.Event()
@@ -124,6 +126,8 @@ class RawPlugin(dp_grpc.DevicePluginServicer):
         self.stream_opened.set()
         try:
             while (msg := await q.get()) is not None:
+                if self.print_sent:
+                    print(f"SENT {time.monotonic():.9f}", flush=True)
                 yield msg
         finally:
             self._queues.remove(q)
@@ -234,9 +238,11 @@ async def _main() -> None:
     ap.add_argument("--prefix", default="d")
     ap.add_argument("--numa", type=int, default=0, help="spread devices over N NUMA nodes")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--print-sent", action="store_true", help="print SENT <monotonic> per message")
     args = ap.parse_args()
     numa = (lambda i: (i % args.numa,)) if args.numa else None
     p = RawPlugin(args.dir, args.resource, devs(args.count, args.prefix, numa=numa), name=args.name)
+    p.print_sent = args.print_sent
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

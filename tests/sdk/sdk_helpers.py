@@ -23,7 +23,6 @@ class StaticPlugin(kubedevice.DevicePlugin):
         yield self.initial
 
 
-
 class _LogEvent(logging.Handler):
     def __init__(self, needle: str, event: asyncio.Event) -> None:
         super().__init__(logging.DEBUG)

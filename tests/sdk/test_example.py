@@ -50,13 +50,22 @@ async def test_minimal_example_uses_env_dir(sock_dir: Path, kubelet: KubeletDoub
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(EXAMPLE),
-        env={"DP_DEVICE_PLUGIN_DIR": str(sock_dir), "PATH": "/usr/bin:/bin"},
+        env={
+            "DP_DEVICE_PLUGIN_DIR": str(sock_dir),
+            "PATH": "/usr/bin:/bin",
+            "PYTHONFAULTHANDLER": "1",
+        },
         stderr=asyncio.subprocess.PIPE,
     )
     try:
         await kubelet.wait_registrations(1, timeout=30)
         proc.send_signal(signal.SIGINT)
-        await asyncio.wait_for(proc.communicate(), 30)
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), 10)
+        except TimeoutError:
+            proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER dumps the stacks
+            _, err = await proc.communicate()
+            raise AssertionError(f"did not stop on SIGINT: {err.decode()}") from None
         assert proc.returncode == 0
     finally:
         if proc.returncode is None:

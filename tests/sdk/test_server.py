@@ -69,7 +69,9 @@ async def test_options_follow_overridden_hooks(
     assert plugin.started == ["d1", "d2"]
     req = dp.PreferredAllocationRequest()
     req.container_requests.add(
-        available_deviceIDs=["d0", "d1", "d2", "d3"], must_include_deviceIDs=["d3"], allocation_size=2
+        available_deviceIDs=["d0", "d1", "d2", "d3"],
+        must_include_deviceIDs=["d3"],
+        allocation_size=2,
     )
     resp = await stub.GetPreferredAllocation(req)
     assert list(resp.container_responses[0].deviceIDs) == ["d3", "d0"]
@@ -136,7 +138,9 @@ class AllocPlugin(StaticPlugin):
 async def test_allocate_hook_default_and_failure(
     server: kubedevice.PluginServer, stub_for: object
 ) -> None:
-    await server.add(AllocPlugin([kubedevice.Device(id=f"d{i}", envs={"E": "v"}) for i in range(3)]))
+    await server.add(
+        AllocPlugin([kubedevice.Device(id=f"d{i}", envs={"E": "v"}) for i in range(3)])
+    )
     stub = stub_for(RES)  # type: ignore[operator]
     resp = await stub.Allocate(_alloc_req(["d2"]))
     assert dict(resp.container_responses[0].envs) == {"IDS": "d2"}
@@ -439,13 +443,13 @@ async def test_metrics(kubelet: KubeletDouble, sock_dir: Path) -> None:
         )
         assert reg.get_sample_value("kubedevice_plugin_allocate_seconds_count", lbl) == 2
         assert reg.get_sample_value("kubedevice_plugin_devices", {**lbl, "health": "Healthy"}) == 2
-        assert reg.get_sample_value("kubedevice_plugin_devices", {**lbl, "health": "Unhealthy"}) == 1
+        assert (
+            reg.get_sample_value("kubedevice_plugin_devices", {**lbl, "health": "Unhealthy"}) == 1
+        )
         assert reg.get_sample_value("kubedevice_plugin_listandwatch_streams", lbl) == 1
 
 
-async def test_device_plugin_dir_from_env(
-    sock_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_device_plugin_dir_from_env(sock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DP_DEVICE_PLUGIN_DIR", str(sock_dir))
     async with kubedevice.PluginServer() as server:
         await server.add(StaticPlugin(devs(1)))
@@ -466,3 +470,92 @@ async def test_serve_stops_cleanly(kubelet: KubeletDouble, sock_dir: Path) -> No
     assert not (sock_dir / "example.com-dev.sock").exists()
 
 
+class FailingHooks(StaticPlugin):
+    async def preferred_allocation(
+        self,
+        available: Sequence[kubedevice.Device],
+        must_include: Sequence[kubedevice.Device],
+        size: int,
+    ) -> Sequence[str]:
+        raise RuntimeError("no preference today")
+
+    async def pre_start(self, devices: Sequence[kubedevice.Device]) -> None:
+        raise RuntimeError("cannot prepare")
+
+
+async def test_failing_hooks(server: kubedevice.PluginServer, stub_for: object) -> None:
+    devices = [
+        kubedevice.Device(id="a", numa_nodes=(0,)),
+        kubedevice.Device(id="b", numa_nodes=(1,)),
+        kubedevice.Device(id="c", numa_nodes=(1,)),
+    ]
+    await server.add(FailingHooks(devices))
+    stub = stub_for(RES)  # type: ignore[operator]
+    req = dp.PreferredAllocationRequest()
+    req.container_requests.add(
+        available_deviceIDs=["a", "b", "c"], must_include_deviceIDs=["c"], allocation_size=2
+    )
+    resp = await stub.GetPreferredAllocation(req)  # falls back to the default policy
+    assert list(resp.container_responses[0].deviceIDs) == ["c", "b"]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=["a"]))
+    assert err.value.code() is grpc.StatusCode.INTERNAL
+    assert "cannot prepare" in (err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=["a", "zz"]))
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "'zz'" in (err.value.details() or "")
+
+
+class BrokenSource(kubedevice.DevicePlugin):
+    resource_name = RES
+
+    async def devices(self) -> AsyncIterator[Sequence[kubedevice.Device]]:
+        yield devs(2)
+        yield [kubedevice.Device(id="x"), kubedevice.Device(id="x")]  # duplicate: refused
+        raise RuntimeError("source broke")
+
+
+async def test_bad_snapshots_and_failing_source_keep_last_list(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer, stub_for: object
+) -> None:
+    with log_event("the device source failed") as failed:
+        await server.add(BrokenSource())
+        await asyncio.wait_for(failed.wait(), 10)
+    await server.wait_registered(RES, timeout=10)
+    assert kubelet.registrations[0].first_list == [("d0", "Healthy"), ("d1", "Healthy")]
+    resp = await stub_for(RES).Allocate(_alloc_req(["d1"]))  # type: ignore[operator]
+    assert len(resp.container_responses) == 1
+
+
+async def test_metrics_over_http(kubelet: KubeletDouble, sock_dir: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with kubedevice.PluginServer(sock_dir, metrics_address=f"127.0.0.1:{port}") as server:
+        await server.add(StaticPlugin(devs(2)))
+        await server.wait_registered(RES, timeout=10)
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        )
+    text = body.decode()
+    assert 'kubedevice_plugin_registrations_total{resource="example.com/dev"} 1.0' in text
+    assert 'kubedevice_plugin_devices{health="Healthy",resource="example.com/dev"} 2.0' in text
+
+
+async def test_readded_plugin_starts_with_latest_pushed_list(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer
+) -> None:
+    plugin = PushPlugin()
+    plugin.update(devs(1))
+    await server.add(plugin)
+    await server.wait_registered(RES, timeout=10)
+    plugin.update(devs(3))
+    await server.remove(RES)
+    await server.add(plugin)
+    await server.wait_registered(RES, timeout=10)
+    regs = await kubelet.wait_registrations(2)
+    assert [i for i, _ in regs[1].first_list] == ["d0", "d1", "d2"]

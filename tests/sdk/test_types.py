@@ -10,7 +10,10 @@ import kubedevice
 
 
 def test_all_is_complete_and_sorted() -> None:
-    public = {n for n in dir(kubedevice) if not n.startswith("_")} | {"__version__", "PluginMetrics"}
+    public = {n for n in dir(kubedevice) if not n.startswith("_")} | {
+        "__version__",
+        "PluginMetrics",
+    }
     public -= {"annotations", "TYPE_CHECKING", "Any", "errors", "plugin", "log", "_api"}
     modules = {n for n in public if type(getattr(kubedevice, n)).__name__ == "module"}
     assert set(kubedevice.__all__) == public - modules
@@ -29,7 +32,11 @@ def test_device_normalises_and_is_frozen() -> None:
         dev.id = "b"  # type: ignore[misc]
     with pytest.raises(TypeError):
         dev.envs["K"] = "w"  # type: ignore[index]
-    assert hash(dev) == hash(kubedevice.Device(id="a", health=kubedevice.Health.UNHEALTHY, numa_nodes=(1,), envs={"K": "v"}))
+    assert hash(dev) == hash(
+        kubedevice.Device(
+            id="a", health=kubedevice.Health.UNHEALTHY, numa_nodes=(1,), envs={"K": "v"}
+        )
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ MUST failure, or any failure with ``--strict``; 2 usage error).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -62,6 +63,10 @@ def conformance(
         os.close(fd)
         log_path = Path(name)
     click.echo(f"plugin output: {log_path}")
+    # The emulator's lifecycle lines would drown the table; keep its warnings and errors.
+    emulator_log = logging.getLogger("kubedevice.kubelet")
+    if emulator_log.getEffectiveLevel() == logging.INFO:
+        emulator_log.setLevel(logging.WARNING)
     try:
         report = check_plugin(command, timeout=timeout, log_path=log_path)
     except ConfigError as exc:

@@ -253,8 +253,22 @@ def pod_list(device_plugin_dir: Path, namespace: str | None, output: str) -> Non
 @click.command("node")
 @_dir_option
 @_output_option
-def node(device_plugin_dir: Path, output: str) -> None:
+@click.option("--wait-for", "wait_for", default=None, help="First wait until RESOURCE is listed.")
+@click.option(
+    "--allocatable", type=int, default=None, help="With --wait-for: wait for this allocatable."
+)
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="For --wait-for.")
+def node(
+    device_plugin_dir: Path,
+    output: str,
+    wait_for: str | None,
+    allocatable: int | None,
+    timeout: float,
+) -> None:
     """Capacity, allocatable and per-device health (like ``kubectl describe node``)."""
+    if wait_for is not None:
+        req = {"op": "wait", "resource": wait_for, "allocatable": allocatable, "timeout": timeout}
+        _request(device_plugin_dir, req)
     n = _request(device_plugin_dir, {"op": "node"})
     if output == "json":
         click.echo(json.dumps(n, indent=2))

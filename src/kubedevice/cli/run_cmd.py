@@ -14,7 +14,6 @@ import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import ConfigError, KubeDeviceError
-from kubedevice.generic import load_config, run_generic
 
 __all__ = ["COMMANDS"]
 
@@ -52,6 +51,8 @@ def run_command(
     (an invalid new config is rejected and the old one keeps running); SIGTERM or SIGINT
     stops cleanly with status 0.
     """
+    from kubedevice.generic import load_config, run_generic  # lazy: other commands skip pydantic
+
     try:
         load_config(config)  # fail fast, before any socket, with the field named
     except ConfigError as exc:
@@ -88,13 +89,18 @@ def run_command(
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 def validate_command(config: Path) -> None:
     """Check a generic plugin config file; print what is wrong (exit 2) or a summary."""
+    from kubedevice.generic import load_config
+
     try:
         cfg = load_config(config)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
-    click.echo(f"{config}: ok ({len(cfg.resources)} resource(s): "
-               + ", ".join(r.name for r in cfg.resources) + ")")  # fmt: skip
+    click.echo(
+        f"{config}: ok ({len(cfg.resources)} resource(s): "
+        + ", ".join(r.name for r in cfg.resources)
+        + ")"
+    )
 
 
 COMMANDS: list[click.Command] = [run_command, validate_command]

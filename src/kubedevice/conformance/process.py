@@ -88,6 +88,8 @@ class PluginProcess:
         if self._proc is None:
             return
         if self._proc.returncode is None:
+            # The child leads its own session: this reaches it and what it started. Once it
+            # is reaped its id could be reused, so an exited child's group is left alone.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
         await self._proc.wait()

@@ -359,8 +359,12 @@ def _message(err: ErrorDetails) -> str:
         allowed = _allowed_keys(err["loc"])
         return "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
-              "less_than": "<"}[kind]  # fmt: skip
+        op = {
+            "greater_than_equal": ">=",
+            "greater_than": ">",
+            "less_than_equal": "<=",
+            "less_than": "<",
+        }[kind]
         bound = next(iter(ctx.values()))
         if isinstance(bound, float):
             bound = f"{bound:g}"
@@ -435,6 +439,7 @@ def load_config(path: str | Path) -> Config:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
     if data is None:
-        raise ConfigError(f"{source}: (top level): empty file; expected a mapping with 'version' "
-                          "and 'resources'")  # fmt: skip
+        raise ConfigError(
+            f"{source}: (top level): empty file; expected a mapping with 'version' and 'resources'"
+        )
     return parse_config(data, source)

@@ -131,18 +131,31 @@ class Scanner:
         return "/dev" + local[len(self.dev_root) :]
 
     def _matches(self, pattern: str) -> list[tuple[str, str]]:
-        """(local path, canonical host path) of the nodes matching a ``/dev`` glob."""
+        """(local path, canonical host path) of the nodes matching a ``/dev`` glob.
+
+        One ``lstat`` per entry: a plain entry's real path is its directory's (cached) real
+        path plus its name; only symlinks are resolved in full.
+        """
         local_pattern = self._local(pattern)
         paths = sorted(glob.glob(local_pattern)) if has_glob(pattern) else [local_pattern]
         out = []
+        dir_real: dict[str, str] = {}
         for local in paths:
             try:
-                st = os.stat(local)
+                st = os.lstat(local)
+                if stat.S_ISLNK(st.st_mode):
+                    real = os.path.realpath(local)
+                    st = os.stat(local)
+                else:
+                    parent, name = os.path.split(local)
+                    base = dir_real.get(parent)
+                    if base is None:
+                        base = dir_real[parent] = os.path.realpath(parent)
+                    real = os.path.join(base, name)
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode):
                 continue
-            real = os.path.realpath(local)
             if not _within(real, self.dev_root):
                 if local not in self._warned:
                     self._warned.add(local)

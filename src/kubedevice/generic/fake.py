@@ -108,8 +108,12 @@ class FakeHost:
         devdir.mkdir(parents=True, exist_ok=True)
         if numa_node is not None:
             (controller / "numa_node").write_text(f"{numa_node}\n", encoding="utf-8")
-        attrs = {"idVendor": vendor, "idProduct": product, "busnum": str(busnum),
-                 "devnum": str(devnum)}  # fmt: skip
+        attrs = {
+            "idVendor": vendor,
+            "idProduct": product,
+            "busnum": str(busnum),
+            "devnum": str(devnum),
+        }
         if serial is not None:
             attrs["serial"] = serial
         for key, value in attrs.items():

@@ -45,6 +45,7 @@ class _Entry:
     present: bool = True
     check: CheckResult | None = None
     expiry: asyncio.TimerHandle | None = None
+    cache: tuple[PhysicalDevice, GroupSpec, Health, tuple[Device, ...]] | None = None
 
 
 class GenericResourcePlugin(DevicePlugin):
@@ -103,9 +104,11 @@ class GenericResourcePlugin(DevicePlugin):
                 if entry.expiry is not None:
                     entry.expiry.cancel()
                     entry.expiry = None
-            if entry.group != group:
+            if entry.group is not group and entry.group != group:
                 entry.check = None  # a different check applies now
-            entry.phys, entry.group, entry.present = phys, group, True
+            if entry.phys is not phys and entry.phys != phys:
+                entry.phys = phys  # keep the old object when equal: snapshot cache hits
+            entry.group, entry.present = group, True
         self.publish()
 
     def apply_checks(self, results: dict[str, CheckResult]) -> None:
@@ -176,28 +179,34 @@ class GenericResourcePlugin(DevicePlugin):
         """The full device list (replicas expanded) for the current state."""
         out: list[Device] = []
         for dev_id in sorted(self._entries):
-            entry = self._entries[dev_id]
-            phys, group = entry.phys, entry.group
-            health = self._health(entry)
-            specs = tuple(
-                DeviceSpec(n.container_path, n.host_path, n.permissions) for n in phys.nodes
-            )
-            mounts = tuple(Mount(m.container_path, m.host_path, m.read_only) for m in group.mounts)
-            values = {"id": phys.id, "name": phys.name}
-            cdi = tuple(Template.parse(c, CDI_VARIABLES).render(values) for c in group.cdi_devices)
-            numa = () if phys.numa_node is None else (phys.numa_node,)
-            for i in range(group.count):
-                out.append(
-                    Device(
-                        id=replica_id(phys.id, i, group.count),
-                        health=health,
-                        numa_nodes=numa,
-                        device_specs=specs,
-                        mounts=mounts,
-                        cdi_devices=cdi,
-                    )
-                )
+            out.extend(self._devices_of(self._entries[dev_id]))
         return tuple(out)
+
+    def _devices_of(self, entry: _Entry) -> tuple[Device, ...]:
+        """The advertised devices of one entry, rebuilt only when something changed."""
+        phys, group = entry.phys, entry.group
+        health = self._health(entry)
+        cache = entry.cache
+        if cache is not None and cache[0] is phys and cache[1] is group and cache[2] is health:
+            return cache[3]
+        specs = tuple(DeviceSpec(n.container_path, n.host_path, n.permissions) for n in phys.nodes)
+        mounts = tuple(Mount(m.container_path, m.host_path, m.read_only) for m in group.mounts)
+        values = {"id": phys.id, "name": phys.name}
+        cdi = tuple(Template.parse(c, CDI_VARIABLES).render(values) for c in group.cdi_devices)
+        numa = () if phys.numa_node is None else (phys.numa_node,)
+        devices = tuple(
+            Device(
+                id=replica_id(phys.id, i, group.count),
+                health=health,
+                numa_nodes=numa,
+                device_specs=specs,
+                mounts=mounts,
+                cdi_devices=cdi,
+            )
+            for i in range(group.count)
+        )
+        entry.cache = (phys, group, health, devices)
+        return devices
 
     def publish(self) -> None:
         """Push the current snapshot if it changed."""
@@ -263,7 +272,7 @@ class GenericResourcePlugin(DevicePlugin):
         base = ContainerAllocation.merge(devices)
         envs: dict[str, list[str]] = {}
         annotations: dict[str, list[str]] = {}
-        for members in by_group.values():
+        for _index, members in sorted(by_group.items()):
             group = members[0][1].group
             phys_seen: dict[str, _Entry] = {}
             for _dev, entry in members:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubedevice.errors import ConfigError
+from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.generic.config import Config, load_config
 from kubedevice.generic.discovery import Scanner, watch_dirs
 from kubedevice.generic.health import run_check
@@ -133,6 +133,8 @@ class GenericPlugins:
 
     async def stop(self) -> None:
         """Stop watchers and health checks, then the server (idempotent)."""
+        if self._started:
+            log.info("stopping generic plugin")
         tasks = self._tasks + [t for ts in self._health_tasks.values() for t in ts]
         self._tasks, self._health_tasks = [], {}
         for task in tasks:
@@ -142,6 +144,7 @@ class GenericPlugins:
                 await task
         for plugin in self._plugins.values():
             plugin.close()
+        log.debug("generic plugin tasks stopped; stopping the plugin server")
         if self._http is not None:
             self._http.shutdown()
             self._http = None
@@ -242,6 +245,10 @@ class GenericPlugins:
                 await self.reload()
             except ConfigError as exc:
                 log.error("new config rejected; the old one keeps running:\n%s", exc)
+            except KubeDeviceError as exc:
+                log.error("reload failed part-way: %s", exc)
+            except Exception:
+                log.exception("reload failed part-way")
             finally:
                 self._reloads += 1
                 self._reload_done.set()

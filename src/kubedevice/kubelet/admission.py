@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,27 +68,22 @@ class Admitter:
         available = r.healthy - self.m.allocated.get(resource, set())
         if len(available | reusable) < request:
             return []
+        # Count devices per NUMA set once; each mask then only looks at the distinct sets.
+        all_sets = Counter(d.numa for d in r.devices.values())
+        avail_sets = Counter(r.devices[d].numa for d in available)
+        reuse_sets = [r.devices[d].numa for d in reusable if d in r.devices and r.devices[d].numa]
         hints: list[Hint] = []
         min_size = len(numa)
         for size in range(1, len(numa) + 1):
             for combo in itertools.combinations(numa, size):
                 mask = frozenset(combo)
-                in_mask = sum(1 for d in r.devices.values() if mask.intersection(d.numa))
+                in_mask = sum(n for s, n in all_sets.items() if mask.intersection(s))
                 if in_mask >= request and size < min_size:
                     min_size = size
-                matching = 0
-                ok = True
-                for d in reusable:
-                    dev = r.devices.get(d)
-                    if dev is None or not dev.numa:
-                        continue
-                    if not mask.intersection(dev.numa):
-                        ok = False
-                        break
-                    matching += 1
-                if not ok:
+                if any(not mask.intersection(s) for s in reuse_sets):
                     continue
-                matching += sum(1 for d in available if mask.intersection(r.devices[d].numa))
+                matching = len(reuse_sets)
+                matching += sum(n for s, n in avail_sets.items() if mask.intersection(s))
                 if matching >= request:
                     hints.append(Hint(mask, False))
         return [Hint(h.nodes, h.nodes is not None and len(h.nodes) == min_size) for h in hints]

@@ -111,6 +111,7 @@ class Emulator:
         self._pods: dict[tuple[str, str], _Pod] = {}
         self._admit_lock: asyncio.Lock | None = None
         self._running = False
+        self._gc_clean = False
         self._journal: Path | None = None
         if control_socket:
             self._journal = (
@@ -206,6 +207,7 @@ class Emulator:
             self.checkpoint_errors.append(msg)
             log.error("failed to read checkpoint: %s", msg)
         self._cleanup_sockets()
+        self._gc_clean = False
         m.reset()
         if data is not None:
             m.restore(data)
@@ -355,7 +357,11 @@ class Emulator:
             self.events.append(
                 AdmissionEvent(t=self.events.now(), pod=spec.name, namespace=spec.namespace)
             )
-        return self._status(pod)
+        status = self._status(pod)
+        for c in status.containers:
+            for conflict in c.runtime.conflicts:  # the kubelet logs these as errors
+                log.error(conflict, extra={"pod": spec.name, "container": c.name})
+        return status
 
     def _check_known_resources(self, spec: PodSpec) -> None:
         # A real kubelet silently skips an extended resource no plugin ever registered (the
@@ -372,10 +378,16 @@ class Emulator:
                     )
 
     def _gc_allocations(self) -> None:
+        # Allocations of pods that are not (or no longer) known, e.g. restored from a
+        # checkpoint without their pod, are garbage-collected at admission like the kubelet.
+        m = self._m
+        if len(m.pod_devices) <= len(self._pods) and self._gc_clean:
+            return
         live = {p.spec.uid for p in self._pods.values()}
-        for uid in list(self._m.pod_devices):
+        for uid in list(m.pod_devices):
             if uid not in live:
-                self._m.remove_pod(uid)
+                m.remove_pod(uid)
+        self._gc_clean = True
 
     async def delete_pod(self, name: str, namespace: str = "default") -> None:
         """Delete a pod and free its devices (EmulatorError if absent)."""
@@ -443,6 +455,14 @@ class Emulator:
         if op == "list":
             ns = req.get("namespace")
             return [p.to_dict() for p in self.pods() if ns is None or p.namespace == ns]
+        if op == "wait":
+            allocatable = req.get("allocatable")
+            status = await self.wait_for_resource(
+                str(req.get("resource")),
+                allocatable=None if allocatable is None else int(allocatable),
+                timeout=float(req.get("timeout") or 5.0),
+            )
+            return status.to_dict()
         if op == "restart":
             await self.restart()
             return {}

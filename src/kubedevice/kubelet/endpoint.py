@@ -207,6 +207,9 @@ class PluginEndpoint:
     def start_reader(self, on_message: MessageCallback, on_end: EndCallback) -> None:
         """Open the kubelet's ListAndWatch stream and feed each message to ``on_message``."""
         self._reader_call = self._stub.ListAndWatch(dp.Empty())
+        self._events.append(
+            RpcEvent(t=time.monotonic(), rpc="ListAndWatch", resource=self.resource)
+        )
         self._reader = asyncio.get_running_loop().create_task(
             self._read(self._reader_call, on_message, on_end),
             name=f"listandwatch:{self.resource}:{self.socket_path.name}",

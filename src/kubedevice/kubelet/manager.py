@@ -81,6 +81,14 @@ class DeviceManager:
         self.pod_devices: dict[str, dict[str, dict[str, Allocation]]] = {}
         self.allocated: dict[str, set[str]] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        # Caches, invalidated by ``_devices_changed`` (device sets change far less often
+        # than allocations, which rewrite the checkpoint every time).
+        self._registered_dirty = True
+        self._numa: tuple[int, ...] | None = None
+
+    def _devices_changed(self) -> None:
+        self._registered_dirty = True
+        self._numa = None
 
     # ------------------------------------------------------------------ keys / lookups
 
@@ -119,6 +127,7 @@ class DeviceManager:
         r.healthy = {d.id for d in devices if d.healthy}
         r.unhealthy = {d.id for d in devices if not d.healthy}
         r.has_sets = True
+        self._devices_changed()
         self.events.append(
             ListAndWatchEvent(
                 t=self.events.now(),
@@ -164,6 +173,7 @@ class DeviceManager:
         r.unhealthy |= r.healthy
         r.healthy = set()
         r.stop_time = self.events.now()
+        self._devices_changed()
         self._arm_grace(r)
         self.write_checkpoint()
 
@@ -179,6 +189,7 @@ class DeviceManager:
         if r is None or r.stop_time is None:
             return
         del self.resources[name]
+        self._devices_changed()
         self.events.append(ResourceRemovedEvent(t=self.events.now(), resource=name))
         self.write_checkpoint()
 
@@ -194,13 +205,15 @@ class DeviceManager:
             if r.grace is not None:
                 r.grace.cancel()
                 r.grace = None
+        self._devices_changed()
         all_eps = {id(e): e for e in eps}
         for r in self.resources.values():
             if r.endpoint is not None:
                 all_eps[id(r.endpoint)] = r.endpoint
         await asyncio.gather(*(e.close() for e in all_eps.values()), return_exceptions=True)
-        if self._closing:
-            await asyncio.gather(*list(self._closing), return_exceptions=True)
+        # readers ending now may schedule more closes
+        while pending := [t for t in self._closing if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
         self.notifier.notify()
 
     def reset(self) -> None:
@@ -214,6 +227,7 @@ class DeviceManager:
         self.allocated.clear()
         self.checkpoint.clear()
         self.checkpoint.set_registered({})
+        self._devices_changed()
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -232,13 +246,16 @@ class DeviceManager:
             r.has_sets = True
             r.stop_time = self.events.now()
             self._arm_grace(r)
+        self._devices_changed()
         self.write_checkpoint()
 
     def write_checkpoint(self) -> None:
         """Rewrite the checkpoint (healthy IDs per resource + all allocations)."""
-        self.checkpoint.set_registered(
-            {n: sorted(r.healthy) for n, r in self.resources.items() if r.has_sets}
-        )
+        if self._registered_dirty:
+            self.checkpoint.set_registered(
+                {n: sorted(r.healthy) for n, r in self.resources.items() if r.has_sets}
+            )
+            self._registered_dirty = False
         try:
             self.checkpoint.write()
         except OSError as exc:  # the kubelet logs and carries on
@@ -332,8 +349,10 @@ class DeviceManager:
 
     def numa_nodes(self) -> tuple[int, ...]:
         """The emulated machine's NUMA nodes: every id some device reports."""
-        ids: set[int] = set()
-        for r in self.resources.values():
-            for d in r.devices.values():
-                ids.update(d.numa)
-        return tuple(sorted(ids))
+        if self._numa is None:
+            ids: set[int] = set()
+            for r in self.resources.values():
+                for d in r.devices.values():
+                    ids.update(d.numa)
+            self._numa = tuple(sorted(ids))
+        return self._numa

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -102,7 +102,6 @@ class RegistrationServer:
         on_connected: ConnectedCallback,
         *,
         dial_timeout_s: float,
-        before_reply: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.socket_path = socket_path
         self._events = events
@@ -165,7 +164,8 @@ class RegistrationServer:
         if error is not None:
             record(error, False)
             return error
-        socket = self.socket_path.parent / req.endpoint
+        # Go's filepath.Join: an absolute endpoint is still joined under the dir, then cleaned.
+        socket = Path(os.path.normpath(f"{self.socket_path.parent}/{req.endpoint}"))  # noqa: ASYNC240
         try:
             channel = await dial(socket, self._dial_timeout_s)
         except DialError as exc:
@@ -179,6 +179,9 @@ class RegistrationServer:
             msg = f"failed to get device plugin options: {go_error_text(exc)}"
             record(msg, True)
             return msg
+        except BaseException:  # the plugin gave up on Register (cancelled): drop the channel
+            await ep.close()
+            raise
         ep.options = options
         self._on_connected(ep)
         record(None, True, options)

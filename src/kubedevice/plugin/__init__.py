@@ -2,6 +2,32 @@
 
 Plugin authors use it through ``import kubedevice``. Nothing here imports the kubelet side
 (:mod:`kubedevice.kubelet`, :mod:`kubedevice.conformance`); both share only ``_api``.
+
+Modules: ``types`` (values), ``base`` (:class:`DevicePlugin`), ``config`` (resource-name
+rule, socket names, plugin dir), ``policy`` (GetPreferredAllocation), ``servicer`` (the
+gRPC service and the ListAndWatch fan-out), ``registration`` (Register + backoff),
+``watch`` (inotify), ``server`` (:class:`PluginServer`), ``runner`` (serve/run/main),
+``metrics`` (Prometheus, imported only on demand).
+
+Behaviour choices:
+
+* An optional RPC the plugin does not advertise (``PreStartContainer``,
+  ``GetPreferredAllocation``) answers ``UNIMPLEMENTED``: the options are honest, and a
+  kubelet never calls what is not advertised.
+* A failing allocate or pre-start hook gives ``INTERNAL``; a failing preferred-allocation
+  hook falls back to the default policy (a kubelet fails the pod's admission on any
+  GetPreferredAllocation error, while a short or empty answer would just be filled).
+* The plugin registers only once it has a first device list, so the kubelet's first
+  ListAndWatch message is immediate.
+* Re-registration triggers: our socket deleted, ``kubelet.sock`` re-created (identity by
+  inode and ctime), and "the kubelet closed our last ListAndWatch stream and did not open
+  one within ``stream_grace`` (1 s) while ``kubelet.sock`` still exists". A real kubelet
+  opens exactly one stream per registration and never reopens it: a closed stream with
+  the kubelet still there means it dropped us (e.g. kubernetes#121994 after a rolling
+  update), and only a new Register brings the resource back. When the kubelet shuts
+  down, ``kubelet.sock`` goes away and we wait for it to come back instead.
+* A snapshot whose encoding exceeds 4 MiB is not sent (an error is logged each time);
+  Allocate already uses it, the kubelet keeps the previous list.
 """
 
 from kubedevice.plugin.base import (

@@ -113,17 +113,16 @@ class DevicePlugin:
     def update(self, devices: Iterable[Device]) -> None:
         """Publish a new full snapshot now, from the event loop the server runs on.
 
-        Works before the plugin is added to a server too (the snapshot is kept and used
-        as the initial list).
+        Works before the plugin is added to a server too: the latest pushed snapshot is
+        the initial list whenever the plugin is added (again).
 
         Args:
             devices: The complete current device list.
         """
         snapshot = tuple(devices)
+        self._kd_pending = snapshot  # the initial list if the plugin is (re-)added later
         sink = self._kd_sink
-        if sink is None:
-            self._kd_pending = snapshot
-        else:
+        if sink is not None:
             sink(snapshot)
 
     def options(self) -> PluginOptions:

@@ -9,7 +9,6 @@ exists. All of it is driven by inotify events on the device plugin directory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import os
@@ -94,10 +93,10 @@ class _Runtime:
 
     async def start(self) -> None:
         pending = self.plugin._kd_pending
-        self.plugin._kd_sink = self.table.publish
         if pending is not None:
             self.table.publish(pending)
         await self._serve()
+        self.plugin._kd_sink = self.table.publish
         self._tasks = [
             asyncio.create_task(self._source(), name=f"devices {self.resource}"),
             asyncio.create_task(self._run(), name=f"register {self.resource}"),
@@ -108,9 +107,13 @@ class _Runtime:
         self._cancel_stream_timer()
         for task in self._tasks:
             task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if not task.cancelled() and task.exception() is not None:
+                log.error(
+                    "task %s failed", task.get_name(), exc_info=task.exception(), extra=self.extra
+                )
         self._tasks = []
         self.table.close()
         await self._unserve()
@@ -121,6 +124,12 @@ class _Runtime:
     # ---- serving ---------------------------------------------------------------------
 
     async def _serve(self) -> None:
+        try:
+            await self._bind_and_start()
+        except OSError as exc:
+            raise PluginServerError(f"cannot serve on {self.socket_path}: {exc}") from exc
+
+    async def _bind_and_start(self) -> None:
         path = self.socket_path
         if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
             raise PluginServerError(
@@ -137,6 +146,7 @@ class _Runtime:
             path.unlink()
             log.info("removed stale socket", extra=self.extra)
         self.table.closed = False
+        self.table.streams_served = 0
         server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
         server.add_generic_rpc_handlers(
             (make_handler(self.plugin, self.table, self.server.metrics),)
@@ -233,14 +243,11 @@ class _Runtime:
             try:
                 await asyncio.wait((reg, restart), return_when=asyncio.FIRST_COMPLETED)
             finally:
+                # Never swallow a cancellation of this task: wait, do not await.
                 restart.cancel()
-                if not reg.done():
-                    reg.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await restart
-                with contextlib.suppress(asyncio.CancelledError, KubeDeviceError):
-                    await reg
-            if self._restart.is_set():
+                reg.cancel()
+                await asyncio.wait((reg, restart))
+            if self._restart.is_set() or reg.cancelled():
                 return False
             exc = reg.exception()
             if exc is not None:
@@ -258,9 +265,12 @@ class _Runtime:
             if self.server.metrics is not None:
                 self.server.metrics.registered(self.resource, self.count)
             log.info("registered with the kubelet (registration #%d)", self.count, extra=self.extra)
-            # kubelet.sock may have been re-created while the call was in flight.
+            # kubelet.sock may have been re-created, our socket removed or the kubelet's
+            # stream closed while the call was in flight.
             self.on_kubelet_event()
             self.on_socket_event()
+            if self.table.streams_served:
+                self._stream_closed()
             return True
         return False
 

@@ -77,6 +77,8 @@ class DeviceTable:
         self.encoded: bytes | None = None
         self.generation = 0
         self.open_streams = 0
+        #: Streams opened since the socket was (re)bound; reset by the server.
+        self.streams_served = 0
         self.closed = False
         self.max_message_bytes = max_message_bytes
         self.on_stream_closed: Callable[[], None] | None = None
@@ -153,6 +155,7 @@ class DeviceTable:
             write: Sends one encoded message (``context.write``).
         """
         self.open_streams += 1
+        self.streams_served += 1
         if self._metrics is not None:
             self._metrics.streams(self.resource, self.open_streams)
         last = 0

@@ -7,7 +7,6 @@ decides what a change means (kubelet restarted, our socket removed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ log = logging.getLogger(__name__)
 #: Name passed to the callback when events were lost: re-check everything.
 OVERFLOW = ""
 
-_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.ATTRIB
+_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO
 
 
 class DirWatcher:
@@ -50,8 +49,7 @@ class DirWatcher:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait((task,))
         inotify, self._inotify = self._inotify, None
         if inotify is not None:
             inotify.close()

@@ -92,6 +92,8 @@ class Resource(dp_grpc.DevicePluginServicer):
         self.server: grpc.aio.Server | None = None
         self.kick = asyncio.Event()
         self.registered = False
+        #: Set while registering: the next ListAndWatch stream is the kubelet's own.
+        self.expect_kubelet_stream = False
         n, bad = args.devices, min(args.unhealthy, args.devices)
         health = HEALTHY.lower() if args.lowercase_health else HEALTHY
         self.devices = [(f"dev-{i}", UNHEALTHY if i >= n - bad else health) for i in range(n)]
@@ -109,6 +111,8 @@ class Resource(dp_grpc.DevicePluginServicer):
         return self._options()
 
     async def ListAndWatch(self, request, context) -> AsyncIterator[dp.ListAndWatchResponse]:  # type: ignore[no-untyped-def]
+        kubelets = self.expect_kubelet_stream
+        self.expect_kubelet_stream = False
         try:
             if not self.args.no_first_list:
                 yield dp.ListAndWatchResponse(
@@ -116,8 +120,8 @@ class Resource(dp_grpc.DevicePluginServicer):
                 )
             await asyncio.Future()  # keep the stream open until the kubelet drops it
         except asyncio.CancelledError:
-            _log(f"{self.name}: ListAndWatch stream cancelled")
-            if STOPPING.is_set():
+            _log(f"{self.name}: ListAndWatch stream cancelled (kubelet's: {kubelets})")
+            if STOPPING.is_set() or not kubelets:
                 raise
             if self.args.die_on_stream_kill:
                 os._exit(1)
@@ -156,6 +160,9 @@ class Resource(dp_grpc.DevicePluginServicer):
         return out
 
     async def GetPreferredAllocation(self, request, context):  # type: ignore[no-untyped-def]
+        if self.args.no_gpa:
+            _log("UNADVERTISED RPC CALLED: GetPreferredAllocation")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not advertised")
         if self.args.lying_options:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not implemented")
         out = dp.PreferredAllocationResponse()
@@ -170,6 +177,9 @@ class Resource(dp_grpc.DevicePluginServicer):
         return out
 
     async def PreStartContainer(self, request, context):  # type: ignore[no-untyped-def]
+        if self.args.no_prestart:
+            _log("UNADVERTISED RPC CALLED: PreStartContainer")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not advertised")
         return dp.PreStartContainerResponse()
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -200,6 +210,7 @@ class Resource(dp_grpc.DevicePluginServicer):
             options=self._options(),
         )
         _log(f"{self.name}: registering {endpoint}")
+        self.expect_kubelet_stream = True
         try:
             # A local subchannel pool: a shared one would stay in connect backoff (about
             # 1 s) after a failed try, even once the new kubelet.sock is there.

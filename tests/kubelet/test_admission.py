@@ -1,0 +1,272 @@
+"""Pod admission: device choice, init reuse, sidecars, NUMA, RPC arguments, rejections."""
+
+from __future__ import annotations
+
+import pytest
+from kubelet_helpers import PluginFactory, pod_manifest
+from rawplugin import Dev, devs
+
+from kubedevice._api import dp
+from kubedevice.errors import AdmissionError, EmulatorError, ManifestError
+from kubedevice.kubelet import AdmissionEvent, Emulator
+
+R = "example.com/foo"
+G = "example.com/gpu"
+
+
+async def test_one_device(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(2))
+    await emu.wait_for_resource(R, allocatable=2)
+    pod = await emu.apply_pod(pod_manifest("p1", {R: 1}))
+    c = pod.container("c")
+    assert c.devices == {R: ("d0",)}
+    assert c.runtime.envs == {"DEVICES": "d0"}
+    assert p.calls.allocate == [[["d0"]]]
+    assert emu.node().resources[R].allocated == 1
+    assert emu.events.of_type(AdmissionEvent)[-1].reason is None
+
+
+async def test_multi_device_and_delete_frees(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(4))
+    await emu.wait_for_resource(R, allocatable=4)
+    a = await emu.apply_pod(pod_manifest("a", {R: 3}))
+    assert a.container("c").devices[R] == ("d0", "d1", "d2")
+    with pytest.raises(AdmissionError) as err:
+        await emu.apply_pod(pod_manifest("b", {R: 2}))
+    assert err.value.reason == "UnexpectedAdmissionError"
+    assert err.value.message == (
+        "Allocate failed due to requested number of devices unavailable for example.com/foo. "
+        "Requested: 2, Available: 1, which is unexpected"
+    )
+    await emu.delete_pod("a")
+    b = await emu.apply_pod(pod_manifest("b", {R: 2}))
+    assert b.container("c").devices[R] == ("d0", "d1")
+    assert len(p.calls.allocate) == 2
+    with pytest.raises(EmulatorError):
+        await emu.delete_pod("a")
+
+
+async def test_duplicate_pod_refused(emu: Emulator, plugin: PluginFactory) -> None:
+    await plugin(R, devs(2))
+    await emu.wait_for_resource(R, allocatable=2)
+    await emu.apply_pod(pod_manifest("a", {R: 1}))
+    with pytest.raises(ManifestError, match='pods "a" already exists'):
+        await emu.apply_pod(pod_manifest("a", {R: 1}))
+
+
+async def test_init_devices_reused_and_sidecars_exclusive(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    p = await plugin(R, devs(4))
+    await emu.wait_for_resource(R, allocatable=4)
+    pod = await emu.apply_pod(
+        pod_manifest(
+            "p",
+            init=[("init1", {R: 2})],
+            sidecars=[("side", {R: 1})],
+            containers=[("app1", {R: 1}), ("app2", {R: 2})],
+        )
+    )
+    d = {c.name: (c.kind, c.devices[R]) for c in pod.containers}
+    assert d["init1"] == ("init", ("d0", "d1"))
+    assert d["side"] == ("sidecar", ("d0",))  # takes from the init pool, keeps it exclusively
+    assert d["app1"] == ("app", ("d1",))  # the rest of the pool
+    assert d["app2"] == ("app", ("d2", "d3"))
+    assert p.calls.allocate == [[["d0", "d1"]], [["d0"]], [["d1"]], [["d2", "d3"]]]
+    assert emu.node().resources[R].allocated == 4
+
+
+def _numa(i: int) -> tuple[int, ...]:
+    return (i % 2,)
+
+
+async def test_numa_alignment_across_resources(emu: Emulator, plugin: PluginFactory) -> None:
+    # foo: d0..d3 on NUMA 0,1,0,1; gpu: g0 (node 1) only healthy one on node 1... pick node 1
+    await plugin(R, devs(4, numa=_numa))
+    await plugin(G, [Dev("g0", numa=(1,)), Dev("g1", numa=(0,), health="Unhealthy")])
+    await emu.wait_for_resource(R, allocatable=4)
+    await emu.wait_for_resource(G, allocatable=1)
+    assert emu.node().numa_nodes == (0, 1)
+    pod = await emu.apply_pod(pod_manifest("p", {R: 2, G: 1}))
+    c = pod.container("c")
+    assert c.devices == {R: ("d1", "d3"), G: ("g0",)}
+
+
+async def test_preferred_allocation_arguments(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(4), preferred_available=True)
+    p.preferred_fn = lambda avail, must, size: ["d3", "zz", "d2"]
+    await emu.wait_for_resource(R, allocatable=4)
+    pod = await emu.apply_pod(pod_manifest("p", {R: 2}))
+    assert p.calls.preferred == [(["d0", "d1", "d2", "d3"], [], 2)]
+    assert pod.container("c").devices[R] == ("d2", "d3")  # answer ∩ available, unknown ignored
+
+
+async def test_preferred_allocation_with_reuse_and_numa(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    p = await plugin(R, devs(6, numa=_numa), preferred_available=True)
+    p.preferred_fn = lambda avail, must, size: []  # short answer: kubelet fills itself
+    await emu.wait_for_resource(R, allocatable=6)
+    await emu.apply_pod(pod_manifest("p", init=[("i", {R: 1})], containers=[("app", {R: 3})]))
+    # init: 1 of 6; hint = node 0 (fewest nodes), needed 1 < 3 aligned → GPA over aligned
+    assert p.calls.preferred[0] == (["d0", "d2", "d4"], [], 1)
+    # app: reuses d0 (must include), needs 2 more; aligned on node 0 = d2,d4 (== needed) →
+    # takes them without asking; no GPA call since needed == |aligned|
+    assert len(p.calls.preferred) == 1
+    assert p.calls.allocate[-1] == [["d0", "d2", "d4"]]
+
+
+async def test_reused_devices_satisfy_request_no_preferred_call(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    p = await plugin(R, devs(3), preferred_available=True)
+    await emu.wait_for_resource(R, allocatable=3)
+    await emu.apply_pod(pod_manifest("p", init=[("i", {R: 2})], containers=[("a", {R: 2})]))
+    assert len(p.calls.preferred) == 1  # only for the init container
+    assert p.calls.allocate == [[["d0", "d1"]], [["d0", "d1"]]]
+
+
+async def test_prestart_called_when_required(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(2), pre_start_required=True)
+    await emu.wait_for_resource(R, allocatable=2)
+    pod = await emu.apply_pod(pod_manifest("p", {R: 2}))
+    assert p.calls.pre_start == [["d0", "d1"]]
+    assert pod.container("c").started
+    p.pre_start_error = "device busy"
+    pod2 = await emu.apply_pod(pod_manifest("q", {}))
+    assert pod2.container("c").started  # no devices, no PreStart
+    await emu.delete_pod("p")
+    pod3 = await emu.apply_pod(pod_manifest("r", {R: 1}))
+    c = pod3.container("c")
+    assert not c.started
+    assert c.start_error == (
+        "device plugin PreStartContainer rpc failed with err: "
+        "rpc error: code = Unknown desc = device busy"
+    )
+
+
+async def test_no_prestart_when_not_required(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(2))
+    await emu.wait_for_resource(R, allocatable=2)
+    await emu.apply_pod(pod_manifest("p", {R: 1}))
+    assert p.calls.pre_start == []
+
+
+async def test_reject_unregistered(emu: Emulator) -> None:
+    with pytest.raises(AdmissionError) as err:
+        await emu.apply_pod(pod_manifest("p", {R: 1}))
+    assert err.value.message == (
+        "Allocate failed due to cannot allocate unregistered device example.com/foo, "
+        "which is unexpected"
+    )
+    ev = emu.events.of_type(AdmissionEvent)[-1]
+    assert ev.reason == "UnexpectedAdmissionError"
+    assert emu.pods() == []
+
+
+async def test_reject_no_healthy_devices(emu: Emulator, plugin: PluginFactory) -> None:
+    await plugin(R, devs(2, health="Unhealthy"))
+    await emu.wait_for_resource(R)
+    with pytest.raises(AdmissionError) as err:
+        await emu.apply_pod(pod_manifest("p", {R: 1}))
+    assert err.value.message == (
+        "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+        "example.com/foo, which is unexpected"
+    )
+
+
+async def test_reject_allocate_failed_and_rollback(emu: Emulator, plugin: PluginFactory) -> None:
+    await plugin(R, devs(2))
+    g = await plugin(G, devs(2, "g"))
+    await emu.wait_for_resource(R, allocatable=2)
+    await emu.wait_for_resource(G, allocatable=2)
+    g.allocate_error = "boom"
+    with pytest.raises(AdmissionError) as err:
+        await emu.apply_pod(pod_manifest("p", {R: 1, G: 1}))
+    assert err.value.message == (
+        "Allocate failed due to rpc error: code = Unknown desc = boom, which is unexpected"
+    )
+    assert emu.node().resources[R].allocated == 0  # the earlier allocation is released
+
+
+async def test_reject_empty_allocate_response(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(2))
+    p.allocate_fn = lambda ids: None
+    await emu.wait_for_resource(R, allocatable=2)
+    with pytest.raises(AdmissionError, match="no containers return in allocation response"):
+        await emu.apply_pod(pod_manifest("p", {R: 1}))
+
+
+async def test_reject_preferred_allocation_error(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(3), preferred_available=True)
+    p.preferred_error = "nope"
+    await emu.wait_for_resource(R, allocatable=3)
+    with pytest.raises(AdmissionError) as err:
+        await emu.apply_pod(pod_manifest("p", {R: 1}))
+    assert err.value.message == (
+        "Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: "
+        "rpc error: code = Unknown desc = nope, which is unexpected"
+    )
+    assert p.calls.allocate == []
+
+
+async def test_disconnected_plugin_rejects(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(2))
+    await emu.wait_for_resource(R, allocatable=2)
+    p.end_streams()
+    await emu.wait_for_resource(R, allocatable=0)
+    with pytest.raises(AdmissionError, match="no healthy devices present"):
+        await emu.apply_pod(pod_manifest("p", {R: 1}))
+
+
+async def test_runtime_view_merge_and_conflicts(emu: Emulator, plugin: PluginFactory) -> None:
+    a = await plugin(R, devs(1, "a"))
+    b = await plugin(G, devs(1, "b"))
+
+    def resp_a(ids: list[str]) -> dp.ContainerAllocateResponse:
+        r = dp.ContainerAllocateResponse(envs={"SHARED": "1", "A": "x"}, annotations={"k": "a"})
+        r.mounts.add(container_path="/m", host_path="/host/a", read_only=True)
+        r.devices.add(container_path="/dev/x", host_path="/dev/a0", permissions="rw")
+        r.cdi_devices.add(name="vendor.com/c=one")
+        return r
+
+    def resp_b(ids: list[str]) -> dp.ContainerAllocateResponse:
+        r = dp.ContainerAllocateResponse(envs={"SHARED": "2", "B": "y"}, annotations={"k": "b"})
+        r.mounts.add(container_path="/m", host_path="/host/b")
+        r.devices.add(container_path="/dev/x", host_path="/dev/b0", permissions="r")
+        r.cdi_devices.add(name="vendor.com/c=one")
+        r.cdi_devices.add(name="vendor.com/c=two")
+        return r
+
+    a.allocate_fn, b.allocate_fn = resp_a, resp_b
+    await emu.wait_for_resource(R, allocatable=1)
+    await emu.wait_for_resource(G, allocatable=1)
+    rt = (await emu.apply_pod(pod_manifest("p", {R: 1, G: 1}))).container("c").runtime
+    # resources are merged in sorted order: example.com/foo before example.com/gpu
+    assert rt.envs == {"A": "x", "SHARED": "1", "B": "y"}
+    assert [(m.container_path, m.host_path, m.read_only) for m in rt.mounts] == [
+        ("/m", "/host/a", True)
+    ]
+    assert [d.host_path for d in rt.devices] == ["/dev/a0"]
+    assert rt.annotations == {"k": "a"}
+    assert rt.cdi_devices == ("vendor.com/c=one", "vendor.com/c=two")
+    assert len(rt.conflicts) == 4
+    assert rt.conflicts[0].startswith(
+        '"Environment variable has conflicting setting" envKey="SHARED" expected="2" got="1"'
+    )
+
+
+async def test_numa_hint_spanning_two_nodes(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(8, numa=lambda i: (i // 2,)), preferred_available=True)
+    p.preferred_fn = lambda avail, must, size: avail[-size:]
+    await emu.wait_for_resource(R, allocatable=8)
+    assert emu.node().numa_nodes == (0, 1, 2, 3)
+    pod = await emu.apply_pod(pod_manifest("p", {R: 3}))
+    # one node holds 2 devices: the preferred hints have 2 nodes; {0, 1} wins (lowest ids)
+    assert p.calls.preferred == [(["d0", "d1", "d2", "d3"], [], 3)]
+    assert pod.container("c").devices[R] == ("d1", "d2", "d3")
+    # free: d0 (node 0), d4..d7 (nodes 2, 3); 2-node masks with 3 free devices: {0,2},
+    # {0,3}, {2,3}; the lowest, {0,2}, has exactly 3 aligned devices: taken without asking
+    pod2 = await emu.apply_pod(pod_manifest("q", {R: 3}))
+    assert len(p.calls.preferred) == 1
+    assert pod2.container("c").devices[R] == ("d0", "d4", "d5")

@@ -1,0 +1,150 @@
+"""Checkpoint format and checksum (contract §3.12), incremental writer, corrupt files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubedevice.errors import CheckpointError
+from kubedevice.kubelet.checkpoint import (
+    CheckpointData,
+    CheckpointEntry,
+    CheckpointWriter,
+    checksum,
+    dumps,
+    loads,
+    render_for_hash,
+)
+
+VECTORS = [
+    ('{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}', 3467439661),
+    (
+        '{"Data":{"PodDeviceEntries":null,"RegisteredDevices":null},"Checksum":1944006890}',
+        1944006890,
+    ),
+    ('{"Data":{"PodDeviceEntries":[],"RegisteredDevices":{}},"Checksum":2932075448}', 2932075448),
+    (
+        '{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"example.com/foo":["dev1","dev2"]}},'
+        '"Checksum":3566578302}',
+        3566578302,
+    ),
+    (
+        '{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"example.com/foo":null}},'
+        '"Checksum":1667033492}',
+        1667033492,
+    ),
+    (
+        '{"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"r/x",'
+        '"DeviceIDs":null,"AllocResp":null}],"RegisteredDevices":{}},"Checksum":4219650831}',
+        4219650831,
+    ),
+    (
+        '{"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"r/x",'
+        '"DeviceIDs":{},"AllocResp":""}],"RegisteredDevices":{}},"Checksum":2062205611}',
+        2062205611,
+    ),
+    (
+        '{"Data":{"PodDeviceEntries":[{"PodUID":"11111111-2222-3333-4444-555555555555",'
+        '"ContainerName":"c0","ResourceName":"example.com/foo","DeviceIDs":{"-1":["dev3"],'
+        '"0":["dev1"]},"AllocResp":"CgYKAUESATE="}],"RegisteredDevices":{"example.com/bar":[],'
+        '"example.com/foo":["dev1","dev2","dev3"]}},"Checksum":975997860}',
+        975997860,
+    ),
+    (
+        '{"Data":{"PodDeviceEntries":[{"PodUID":"p1","ContainerName":"a","ResourceName":"r/x",'
+        '"DeviceIDs":{"10":["d10"],"2":["d2a","d2b"]},"AllocResp":""},{"PodUID":"p2",'
+        '"ContainerName":"b","ResourceName":"r/x","DeviceIDs":{"0":[]},"AllocResp":"AA=="}],'
+        '"RegisteredDevices":{"B/y":["q"],"a/z":["with space","br]ack"],"r/x":["d10","d2a",'
+        '"d2b"]}},"Checksum":2339077719}',
+        2339077719,
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), VECTORS, ids=[f"vector{i + 1}" for i in range(9)])
+def test_contract_vectors(text: str, expected: int) -> None:
+    data = loads(text.encode())
+    assert checksum(data) == expected
+    assert dumps(data).decode() == text  # byte-identical round trip
+
+
+def test_vector8_rendering() -> None:
+    data = loads(VECTORS[7][0].encode())
+    assert render_for_hash(data) == (
+        "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)"
+        "[{PodUID:(string)11111111-2222-3333-4444-555555555555 ContainerName:(string)c0 "
+        "ResourceName:(string)example.com/foo DeviceIDs:(checkpoint.DevicesPerNUMA)"
+        "map[-1:[dev3] 0:[dev1]] AllocResp:([]uint8)[10 6 10 1 65 18 1 49]}] "
+        "RegisteredDevices:(map[string][]string)map[example.com/bar:[] "
+        "example.com/foo:[dev1 dev2 dev3]]}"
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x00\xff garbage \x13",
+        b"",
+        b"[1, 2, 3]",
+        b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}',
+        b'{"Data":{"PodDeviceEntries":{"a":1},"RegisteredDevices":{}},"Checksum":1}',
+        b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"r/x":[1]}},"Checksum":1}',
+        b'{"foo": "bar"}',
+    ],
+    ids=["garbage", "empty", "list", "bad-checksum", "entries-shape", "ids-shape", "foreign"],
+)
+def test_corrupt_raises(raw: bytes) -> None:
+    with pytest.raises(CheckpointError):
+        loads(raw)
+
+
+def test_writer_writes_atomically(sock_dir: Path) -> None:
+    w = CheckpointWriter(sock_dir / "kubelet_internal_checkpoint")
+    w.set_registered({"example.com/foo": ["b", "a"]})
+    w.write()
+    data = loads(w.path.read_bytes())
+    assert data.entries is None
+    assert data.registered == {"example.com/foo": ["a", "b"]}
+    assert sorted(p.name for p in sock_dir.iterdir()) == ["kubelet_internal_checkpoint"]
+
+
+_ids = st.lists(st.text("abc123-", min_size=1, max_size=4), max_size=3)
+_entry = st.builds(
+    CheckpointEntry,
+    st.sampled_from(["p1", "p2", "p3"]),
+    st.sampled_from(["c", "d"]),
+    st.sampled_from(["r/x", "a/y"]),
+    st.dictionaries(st.integers(-1, 11), _ids, max_size=3),
+    st.binary(max_size=8),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(st.one_of(_entry, st.sampled_from(["p1", "p2", "p3"])), max_size=12),
+    reg=st.dictionaries(st.sampled_from(["r/x", "a/y", "B/z"]), _ids, max_size=3),
+)
+def test_incremental_writer_matches_full_checksum(
+    ops: list[CheckpointEntry | str], reg: dict[str, list[str]]
+) -> None:
+    w = CheckpointWriter(Path("/nonexistent/cp"))
+    model: dict[tuple[str, str, str], CheckpointEntry] = {}
+    for op in ops:
+        if isinstance(op, str):
+            w.remove_pod(op)
+            model = {k: v for k, v in model.items() if k[0] != op}
+        else:
+            w.set_entry(op)
+            model[(op.pod_uid, op.container, op.resource)] = op
+        w.set_registered(reg)
+        content = w.content()
+        data = loads(content)  # verifies the checksum
+        expected = CheckpointData(
+            tuple(model.values()) or None, {k: sorted(v) for k, v in reg.items()}
+        )
+        assert checksum(data) == checksum(expected)
+        assert json.loads(content)["Checksum"] == checksum(expected)
