@@ -93,6 +93,10 @@ async def test_run_registers_reloads_on_sighup_and_exits_0_on_sigterm(
         str(conf_dir / "config.yaml"),
         "--device-plugin-dir",
         str(sock_dir),
+        "--dev-root",
+        str(host.dev_root),
+        "--sys-root",
+        str(host.sys_root),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -73,3 +73,17 @@ async def test_custom_socket(dp_dir, plugin: PluginFactory) -> None:  # type: ig
         async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
             resp = await pr_grpc.PodResourcesListerStub(ch).List(pr.ListPodResourcesRequest())
         assert list(resp.pod_resources) == []
+
+
+async def test_rate_limit(dp_dir) -> None:  # type: ignore[no-untyped-def]
+    async with Emulator(
+        dp_dir, control_socket=False, pod_resources_qps=0.001, pod_resources_burst=2
+    ) as emu:
+        async with grpc.aio.insecure_channel(f"unix://{emu.pod_resources_socket}") as ch:
+            stub = pr_grpc.PodResourcesListerStub(ch)
+            await stub.List(pr.ListPodResourcesRequest())
+            await stub.GetAllocatableResources(pr.AllocatableResourcesRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.List(pr.ListPodResourcesRequest())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert err.value.details() == "rejected by rate limit"

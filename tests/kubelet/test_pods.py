@@ -36,20 +36,25 @@ def _with_resources(resources: dict[str, Any], field: str = "containers") -> dic
     [
         (
             {"limits": {R: 2}, "requests": {R: 1}},
-            'Pod "p" is invalid: spec.containers[0].resources.requests[example.com/foo]: '
+            'Pod "p" is invalid: spec.containers[0].resources.requests: '
             'Invalid value: "1": must be equal to example.com/foo limit of 2',
         ),
         (
             {"limits": {R: "500m"}},
             'Pod "p" is invalid: spec.containers[0].resources.limits[example.com/foo]: '
-            "Invalid value: 500m: must be an integer",
+            "Invalid value: resource.Quantity{i:resource.int64Amount{value:500, scale:-3}, "
+            'd:resource.infDecAmount{Dec:(*inf.Dec)(nil)}, s:"500m", Format:"DecimalSI"}: '
+            "must be an integer",
         ),
         (
             {"limits": {R: 0.5}, "requests": {R: 0.5}},
             'Pod "p" is invalid: [spec.containers[0].resources.limits[example.com/foo]: '
-            "Invalid value: 500m: must be an integer, "
-            "spec.containers[0].resources.requests[example.com/foo]: "
-            "Invalid value: 500m: must be an integer]",
+            "Invalid value: resource.Quantity{i:resource.int64Amount{value:5, scale:-1}, "
+            'd:resource.infDecAmount{Dec:(*inf.Dec)(nil)}, s:"", Format:"DecimalSI"}: '
+            "must be an integer, spec.containers[0].resources.requests[example.com/foo]: "
+            "Invalid value: resource.Quantity{i:resource.int64Amount{value:5, scale:-1}, "
+            'd:resource.infDecAmount{Dec:(*inf.Dec)(nil)}, s:"", Format:"DecimalSI"}: '
+            "must be an integer]",
         ),
         (
             {"limits": {R: -1}},

@@ -1,7 +1,42 @@
-"""CLI subcommands (placeholder; filled in by the owning work item)."""
+"""``kubedevice demo``: the main job on an embedded default (emulator + generic plugin)."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import time
+from pathlib import Path
+
 import click
 
-COMMANDS: list[click.Command] = []
+from kubedevice.errors import KubeDeviceError
+
+__all__ = ["COMMANDS"]
+
+
+@click.command("demo")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the fake host and sockets here (default: a temp dir, removed at the end).",
+)
+def demo(workdir: Path | None) -> None:
+    """Run the generic plugin on a simulated /dev tree against the kubelet emulator.
+
+    Registers, shows capacity, admits pods, unplugs and re-plugs a device, simulates a
+    kubelet restart, shows what each container would get, and stops cleanly. No cluster
+    and no real devices are needed.
+    """
+    from kubedevice.demo import run_demo  # lazy: keeps other commands' start-up short
+
+    start = time.monotonic()
+    try:
+        asyncio.run(run_demo(lambda text: click.echo(text), workdir=workdir))
+    except KubeDeviceError as exc:
+        click.echo(f"demo failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"\ndemo finished in {time.monotonic() - start:.1f}s")
+
+
+COMMANDS: list[click.Command] = [demo]

@@ -73,6 +73,7 @@ class Emulator:
         control_socket: serve the CLI control socket (``control.control_socket_path``) and
             journal pods next to it.
         dial_timeout_s: the kubelet's dial deadline during Register (10 s).
+        pod_resources_qps, pod_resources_burst: the PodResources rate limit (100, 10).
     """
 
     def __init__(
@@ -84,6 +85,8 @@ class Emulator:
         pod_resources_socket: Path | None = None,
         control_socket: bool = True,
         dial_timeout_s: float = DIAL_TIMEOUT_S,
+        pod_resources_qps: float = 100.0,
+        pod_resources_burst: int = 10,
     ) -> None:
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.kubelet_socket = self.device_plugin_dir / KUBELET_SOCKET
@@ -99,6 +102,7 @@ class Emulator:
         self.grace_period_s = grace_period_s
         self.per_socket_clients = per_socket_clients
         self.dial_timeout_s = dial_timeout_s
+        self._pr_limit = (pod_resources_qps, pod_resources_burst)
         #: Problems met reading checkpoints (each also logged); the file was moved aside.
         self.checkpoint_errors: list[str] = []
         self._notifier: Notifier | None = None
@@ -166,6 +170,7 @@ class Emulator:
             self._replay_journal()
             await self._start_kubelet(restart=False)
         except BaseException:
+            await self._stop_kubelet()
             if self._control is not None:
                 await self._control.stop()
                 self._control = None
@@ -186,8 +191,10 @@ class Emulator:
         """Simulate a kubelet restart: disconnect plugins, wipe sockets, re-read the checkpoint."""
         if not self._running:
             raise EmulatorError("the emulator is not running")
-        await self._stop_kubelet()
-        await self._start_kubelet(restart=True)
+        assert self._admit_lock is not None
+        async with self._admit_lock:  # no admission half-way through a restart
+            await self._stop_kubelet()
+            await self._start_kubelet(restart=True)
 
     async def _start_kubelet(self, *, restart: bool) -> None:
         m = self._m
@@ -217,7 +224,13 @@ class Emulator:
             self.kubelet_socket, self.events, m.plugin_connected, dial_timeout_s=self.dial_timeout_s
         )
         await self._registration.start()
-        self._podresources = PodResourcesServer(self.pod_resources_socket, m, self._pod_specs)
+        self._podresources = PodResourcesServer(
+            self.pod_resources_socket,
+            m,
+            self._pod_specs,
+            qps=self._pr_limit[0],
+            burst=self._pr_limit[1],
+        )
         await self._podresources.start()
         self.events.append(
             KubeletStartedEvent(

@@ -3,14 +3,15 @@
 Reports devices as the kubelet does (contract §4): one ``ContainerDevices`` per
 (device, NUMA node) with a single id and a single-node topology; a device without topology
 yields one element without topology. Regular init containers are omitted from pods;
-sidecars and app containers are listed. No rate limit is applied.
+sidecars and app containers are listed. Unary calls are rate-limited like the kubelet's
+(token bucket, 100 QPS, burst 10; excess ⇒ RESOURCE_EXHAUSTED ``rejected by rate limit``).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -23,9 +24,21 @@ from kubedevice.kubelet.pods import PodSpec
 __all__ = ["PodResourcesServer"]
 
 
-@dataclass(frozen=True, slots=True)
-class _PodRef:
-    spec: PodSpec
+class _TokenBucket:
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = burst
+        self.tokens = float(burst)
+        self.last = time.monotonic()
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.qps)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
 
 
 def _device_elements(resource: str, by_numa: dict[int, list[str]]) -> Iterable[pr.ContainerDevices]:
@@ -44,6 +57,7 @@ class _Servicer(pr_grpc.PodResourcesListerServicer):
     async def List(
         self, request: pr.ListPodResourcesRequest, context: aio.ServicerContext[object, object]
     ) -> pr.ListPodResourcesResponse:
+        await self._s.limit(context)
         return pr.ListPodResourcesResponse(
             pod_resources=[self._s.pod_resources(p) for p in self._s.pods()]
         )
@@ -51,6 +65,7 @@ class _Servicer(pr_grpc.PodResourcesListerServicer):
     async def GetAllocatableResources(
         self, request: pr.AllocatableResourcesRequest, context: aio.ServicerContext[object, object]
     ) -> pr.AllocatableResourcesResponse:
+        await self._s.limit(context)
         out = pr.AllocatableResourcesResponse()
         m = self._s.manager
         for name in sorted(m.resources):
@@ -64,6 +79,7 @@ class _Servicer(pr_grpc.PodResourcesListerServicer):
     async def Get(
         self, request: pr.GetPodResourcesRequest, context: aio.ServicerContext[object, object]
     ) -> pr.GetPodResourcesResponse:
+        await self._s.limit(context)
         for p in self._s.pods():
             if p.name == request.pod_name and p.namespace == request.pod_namespace:
                 return pr.GetPodResourcesResponse(pod_resources=self._s.pod_resources(p))
@@ -78,12 +94,24 @@ class PodResourcesServer:
     """Serves ``v1.PodResourcesLister`` on ``socket_path`` (mode 0600)."""
 
     def __init__(
-        self, socket_path: Path, manager: DeviceManager, pods: Callable[[], list[PodSpec]]
+        self,
+        socket_path: Path,
+        manager: DeviceManager,
+        pods: Callable[[], list[PodSpec]],
+        *,
+        qps: float = 100.0,
+        burst: int = 10,
     ) -> None:
         self.socket_path = socket_path
         self.manager = manager
         self.pods = pods
+        self._bucket = _TokenBucket(qps, burst)
         self._server: aio.Server | None = None
+
+    async def limit(self, context: aio.ServicerContext[object, object]) -> None:
+        """Abort with RESOURCE_EXHAUSTED when over the kubelet's rate limit."""
+        if not self._bucket.allow():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
     def pod_resources(self, p: PodSpec) -> pr.PodResources:
         """One pod as PodResources reports it."""

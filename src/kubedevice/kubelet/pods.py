@@ -3,8 +3,9 @@
 Turns a Kubernetes Pod manifest into a ``PodSpec`` holding what the device manager needs
 (containers in admission order, their extended-resource limits), and refuses what the API
 server would refuse with its wording (``Pod "x" is invalid: spec.containers[0]...``).
-Wording follows ``ValidateResourceRequirements`` / ``ValidateResourceQuantityValue`` as
-remembered from upstream; quoting of values may differ slightly from a real API server.
+Wording follows upstream ``ValidateResourceRequirements`` / ``ValidateResourceQuantityValue``
+(including the Go ``%#v`` rendering of a Quantity in ``must be an integer``); keyed paths for
+map entries are kept, the order of several errors may differ (Go map order).
 """
 
 from __future__ import annotations
@@ -57,13 +58,38 @@ _SUBDOMAIN_MSG = (
 
 @dataclass(frozen=True, slots=True)
 class Quantity:
-    """A parsed resource quantity: exact value plus the format it was written in."""
+    """A parsed resource quantity: exact value plus the format it was written in.
+
+    ``go_repr`` is what the API server prints for a Quantity passed by value to
+    ``field.Invalid`` (Go ``%#v``; used by the ``must be an integer`` error).
+    """
 
     value: Fraction
     fmt: str  # "binary", "decimal" or "exponent"
+    go_repr: str = ""
 
     def __str__(self) -> str:
         return format_quantity(self)
+
+
+_GO_FORMAT = {"binary": "BinarySI", "decimal": "DecimalSI", "exponent": "DecimalExponent"}
+
+
+def _go_repr(text: str, num: str, exponent: int, fmt: str) -> str:
+    """Go's ``%#v`` of the Quantity ``ParseQuantity(text)`` returns (decimal forms)."""
+    negative = num.startswith("-")
+    digits = num.lstrip("+-")
+    whole, _, frac = digits.partition(".")
+    shifted = (whole + frac) or "0"
+    value = int(shifted) * (-1 if negative else 1)
+    scale = exponent - len(frac)
+    canonical = scale % 3 == 0 and not shifted.endswith("000") and shifted[0] != "0"
+    cached = text if canonical else ""
+    return (
+        f"resource.Quantity{{i:resource.int64Amount{{value:{value}, scale:{scale}}}, "
+        f"d:resource.infDecAmount{{Dec:(*inf.Dec)(nil)}}, s:{json.dumps(cached)}, "
+        f'Format:"{_GO_FORMAT[fmt]}"}}'
+    )
 
 
 def parse_quantity(raw: Any) -> Quantity:
@@ -79,13 +105,18 @@ def parse_quantity(raw: Any) -> Quantity:
         base = Fraction(num)
     except ValueError:
         raise ManifestError(_QUANTITY_MSG) from None
+    text = text.strip()
     if suffix in _BINARY:
         return Quantity(base * 1024 ** _BINARY[suffix], "binary")
     if suffix in _DECIMAL:
-        return Quantity(base * Fraction(10) ** _DECIMAL[suffix], "decimal")
+        exp = _DECIMAL[suffix]
+        return Quantity(base * Fraction(10) ** exp, "decimal", _go_repr(text, num, exp, "decimal"))
     e = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
     if e:
-        return Quantity(base * Fraction(10) ** int(e.group(1)), "exponent")
+        exp = int(e.group(1))
+        return Quantity(
+            base * Fraction(10) ** exp, "exponent", _go_repr(text, num, exp, "exponent")
+        )
     raise ManifestError(_QUANTITY_MSG)
 
 
@@ -187,7 +218,7 @@ def _resources(c: Mapping[str, Any], path: str, errors: list[str]) -> dict[str, 
             if q.value < 0:
                 errors.append(f'{fld}: Invalid value: "{q}": must be greater than or equal to 0')
             if is_extended_resource_name(name) and q.value.denominator != 1:
-                errors.append(f"{fld}: Invalid value: {q}: must be an integer")
+                errors.append(f"{fld}: Invalid value: {q.go_repr or q}: must be an integer")
     limits: dict[str, int] = {}
     for name, q in parsed["requests"].items():
         if not is_extended_resource_name(name):
@@ -199,8 +230,9 @@ def _resources(c: Mapping[str, Any], path: str, errors: list[str]) -> dict[str, 
                 "Limit must be set for non overcommitable resources"
             )
         elif lim.value != q.value:
+            # upstream reports this one on the un-keyed path (``reqPath``)
             errors.append(
-                f'{path}.resources.requests[{name}]: Invalid value: "{q}": '
+                f'{path}.resources.requests: Invalid value: "{q}": '
                 f"must be equal to {name} limit of {lim}"
             )
     for name, q in parsed["limits"].items():

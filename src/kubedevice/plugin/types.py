@@ -157,14 +157,20 @@ class Device:
                     f"device {self.id!r}: health must be 'Healthy' or 'Unhealthy', "
                     f"got {self.health!r}"
                 ) from None
-        if type(self.numa_nodes) is not tuple:
-            object.__setattr__(self, "numa_nodes", tuple(self.numa_nodes))
-        for node in self.numa_nodes:
-            if not isinstance(node, int) or isinstance(node, bool) or node < 0:
-                raise ConfigError(f"device {self.id!r}: bad NUMA node {node!r}")
-        _tuple_of(self, "device_specs", DeviceSpec)
-        _tuple_of(self, "mounts", Mount)
-        _tuple_of(self, "cdi_devices", str)
+        if self.numa_nodes:
+            if type(self.numa_nodes) is not tuple:
+                object.__setattr__(self, "numa_nodes", tuple(self.numa_nodes))
+            for node in self.numa_nodes:
+                if not isinstance(node, int) or isinstance(node, bool) or node < 0:
+                    raise ConfigError(f"device {self.id!r}: bad NUMA node {node!r}")
+        elif type(self.numa_nodes) is not tuple:
+            object.__setattr__(self, "numa_nodes", ())
+        if self.device_specs or type(self.device_specs) is not tuple:
+            _tuple_of(self, "device_specs", DeviceSpec)
+        if self.mounts or type(self.mounts) is not tuple:
+            _tuple_of(self, "mounts", Mount)
+        if self.cdi_devices or type(self.cdi_devices) is not tuple:
+            _tuple_of(self, "cdi_devices", str)
         if self.envs is not _EMPTY:
             object.__setattr__(self, "envs", _frozen_map(self.envs, f"device {self.id!r} envs"))
         if self.annotations is not _EMPTY:

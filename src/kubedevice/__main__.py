@@ -1,0 +1,5 @@
+"""``python -m kubedevice``: the same as the ``kubedevice`` command."""
+
+from kubedevice.cli import main
+
+main()
