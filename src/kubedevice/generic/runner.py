@@ -72,7 +72,7 @@ class GenericPlugins:
         self._scanner = Scanner(config)
         self._plugins: dict[str, GenericResourcePlugin] = {}
         self._health_tasks: dict[str, list[asyncio.Task[None]]] = {}
-        self._health_kicks: dict[str, asyncio.Event] = {}
+        self._health_kicks: dict[tuple[str, int], asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: DirWatcher | None = None
         self._reload_requested = asyncio.Event()
@@ -110,6 +110,7 @@ class GenericPlugins:
         if self._started:
             raise RuntimeError("GenericPlugins already started")
         self._started = True
+        self._check_roots()
         self._watcher = DirWatcher()
         for res in self._config.resources:
             self._plugins[res.name] = GenericResourcePlugin(
@@ -130,6 +131,11 @@ class GenericPlugins:
                 asyncio.create_task(self._config_loop(), name="generic: config watch")
             )
         log.info("generic plugin started", extra={"resources": ",".join(self._plugins)})
+
+    def _check_roots(self) -> None:
+        for what, root in (("devRoot", self._config.dev_root), ("sysRoot", self._config.sys_root)):
+            if not os.path.isdir(root):
+                log.warning("%s %s is not a directory: nothing can be found or watched", what, root)
 
     async def stop(self) -> None:
         """Stop watchers and health checks, then the server (idempotent)."""
@@ -163,9 +169,9 @@ class GenericPlugins:
         found = self._scanner.scan()
         for name, plugin in self._plugins.items():
             plugin.apply_scan(found.get(name, []))
-            if any(plugin.unchecked(i) for i, _ in enumerate(plugin.spec.groups)):
-                kick = self._health_kicks.get(name)
-                if kick is not None:
+            for index in range(len(plugin.spec.groups)):
+                kick = self._health_kicks.get((name, index))
+                if kick is not None and plugin.unchecked(index):
                     kick.set()
 
     async def _watch_loop(self) -> None:
@@ -189,16 +195,22 @@ class GenericPlugins:
 
     def _start_health(self, resource: str) -> None:
         plugin = self._plugins[resource]
-        kick = self._health_kicks.setdefault(resource, asyncio.Event())
-        tasks = [
-            asyncio.create_task(self._health_loop(plugin, i, kick), name=f"health {resource}[{i}]")
-            for i, group in enumerate(plugin.spec.groups)
-            if group.health is not None
-        ]
+        tasks = []
+        for i, group in enumerate(plugin.spec.groups):
+            if group.health is None:
+                continue
+            kick = self._health_kicks[(resource, i)] = asyncio.Event()
+            tasks.append(
+                asyncio.create_task(
+                    self._health_loop(plugin, i, kick), name=f"health {resource}[{i}]"
+                )
+            )
         self._health_tasks[resource] = tasks
 
     async def _stop_health(self, resource: str) -> None:
         tasks = self._health_tasks.pop(resource, [])
+        for key in [k for k in self._health_kicks if k[0] == resource]:
+            del self._health_kicks[key]
         for task in tasks:
             task.cancel()
         for task in tasks:
