@@ -1,0 +1,63 @@
+"""The inotify directory watcher and the fake host builder."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from kubedevice.generic import FakeHost
+from kubedevice.generic.watcher import DirWatcher
+
+
+async def test_watcher_reports_and_follows_directories(host: FakeHost) -> None:
+    watcher = DirWatcher()
+    try:
+        a = host.dev_root / "a"
+        a.mkdir()
+        watcher.watch_exactly({str(host.dev_root), str(a), str(host.root / "missing")})
+        assert watcher.dirs == {str(host.dev_root), str(a)}  # missing ones are skipped
+        async with asyncio.timeout(5):
+            (a / "x").touch()
+            (a / "y").touch()
+            batch = await watcher.changed()
+            names = {str(e.name) for e in batch}
+            if "y" not in names:  # the two creates may arrive in two reads
+                names |= {str(e.name) for e in await watcher.changed()}
+            assert names == {"x", "y"}
+            os.rename(a, host.dev_root / "b")
+            names = {str(e.name) for e in await watcher.changed()}
+            assert "a" in names or "b" in names
+        watcher.watch_exactly({str(host.dev_root)})
+        assert watcher.dirs == {str(host.dev_root)}
+    finally:
+        watcher.close()
+
+
+def test_fake_host_layout(host: FakeHost) -> None:
+    node = host.add_char_device("/dev/dri/renderD128", numa_node=1, subsystem="drm")
+    assert node == host.dev_root / "dri" / "renderD128"
+    assert node.is_file()
+    assert (host.sys_root / "class/drm/renderD128/device/numa_node").read_text() == "1\n"
+    name = host.add_usb("0403", "6001", "S1", busnum=2, devnum=7)
+    assert name == "2-7"
+    link = host.sys_root / "bus/usb/devices/2-7"
+    assert link.is_symlink()
+    assert not os.readlink(link).startswith("/")  # relative: stays inside sysRoot
+    assert (link / "idVendor").read_text() == "0403\n"
+    assert (link / "serial").read_text() == "S1\n"
+    assert (host.dev_root / "bus/usb/002/007").is_file()
+    host.remove_usb(name)
+    assert not link.exists()
+    assert not (host.dev_root / "bus/usb/002/007").exists()
+    host.set_attr("/sys/class/drm/renderD128/device/enable", "1")
+    host.remove_attr("/sys/class/drm/renderD128/device/enable")
+    host.remove("/dev/dri")
+    assert not (host.dev_root / "dri").exists()
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "/dev", "/dev/../etc/x", "dev/x"])
+def test_fake_host_refuses_paths_outside(host: FakeHost, bad: str) -> None:
+    with pytest.raises(ValueError, match=r"must not contain|is not under"):
+        host.add_char_device(bad)
