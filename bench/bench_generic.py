@@ -124,6 +124,7 @@ def _pct(samples: list[float], q: float) -> float:
 
 async def bench_startup(runs: int) -> dict[str, float]:
     times = []
+    rss_one: list[float] = []
     for _ in range(runs):
         root = Path(tempfile.mkdtemp(prefix="kdb-", dir="/tmp"))
         try:
@@ -140,6 +141,7 @@ async def bench_startup(runs: int) -> dict[str, float]:
                 t_list = await asyncio.wait_for(kubelet.wait(lambda s: bool(s)), 30)
                 assert kubelet.registered_at is not None
                 times.append((kubelet.registered_at - t0, t_list - t0))
+                rss_one.append(psutil.Process(proc.pid).memory_info().rss / 1e6)
             finally:
                 await _stop(proc)
                 await kubelet.stop()
@@ -149,6 +151,7 @@ async def bench_startup(runs: int) -> dict[str, float]:
         "startup_to_registered_ms_median": statistics.median(t[0] for t in times) * 1000,
         "startup_to_first_list_ms_median": statistics.median(t[1] for t in times) * 1000,
         "startup_runs": runs,
+        "rss_mb_1_device": statistics.median(rss_one),
     }
 
 
@@ -168,6 +171,7 @@ async def bench_daemon(devices: int, changes: int, idle_seconds: float) -> dict[
             await asyncio.wait_for(kubelet.wait(lambda s: len(s) == devices), 60)
             ps = psutil.Process(proc.pid)
             rss_mb = ps.memory_info().rss / 1e6
+            uss_mb = ps.memory_full_info().uss / 1e6
             # idle CPU: nothing changes, the daemon should not wake up
             cpu0 = ps.cpu_times()
             await asyncio.sleep(idle_seconds)  # measuring idle time is the point here
@@ -198,6 +202,7 @@ async def bench_daemon(devices: int, changes: int, idle_seconds: float) -> dict[
             "hotplug_latency_ms_p99": _pct(lat, 0.99) * 1000,
             "hotplug_latency_ms_max": max(lat) * 1000,
             "rss_mb_1000_devices": rss_mb,
+            "uss_mb_1000_devices": uss_mb,
             "rss_mb_after_hotplug": rss_after_mb,
             "idle_seconds": idle_seconds,
             "idle_cpu_ms": idle_cpu_ms,

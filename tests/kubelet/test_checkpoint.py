@@ -148,3 +148,22 @@ def test_incremental_writer_matches_full_checksum(
         )
         assert checksum(data) == checksum(expected)
         assert json.loads(content)["Checksum"] == checksum(expected)
+
+
+def test_all_low_bytes_table_matches_scalar_fnv() -> None:
+    from kubedevice.kubelet.checkpoint import _fnv, _fnv_all_low_bytes
+
+    data = bytes(range(256)) * 3 + b"example.com/foo:[d0 d1]"
+    table = _fnv_all_low_bytes(data)
+    assert [table[x] for x in (0, 1, 77, 255)] == [_fnv(x, data) for x in (0, 1, 77, 255)]
+
+
+def test_many_allocations_keep_valid_checksums(sock_dir: Path) -> None:
+    w = CheckpointWriter(sock_dir / "cp")
+    w.set_registered({"example.com/foo": [f"dev-{i}" for i in range(64)]})
+    for i in range(40):  # enough writes to switch to the whole-table path
+        w.set_entry(CheckpointEntry(f"pod-{i}", "c", "example.com/foo", {-1: [f"dev-{i}"]}, b"\n"))
+        w.write()
+        data = loads(w.path.read_bytes())
+        assert data.entries is not None
+        assert len(data.entries) == i + 1

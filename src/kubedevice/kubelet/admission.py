@@ -8,6 +8,7 @@ walked in sorted order where the kubelet walks Go maps (unspecified order).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 from collections import Counter
@@ -141,16 +142,14 @@ class Admitter:
         chosen: set[str] = set()
         needed = required
 
-        def take(devices: Sequence[str] | set[str]) -> bool:
+        def take(devices: set[str]) -> bool:
+            # the kubelet takes in Go-map order; the emulator takes the smallest IDs
             nonlocal needed
-            for d in sorted(devices):
-                if needed == 0:
-                    return True
-                if d in chosen:
-                    continue
-                chosen.add(d)
-                allocated.append(d)
-                needed -= 1
+            if needed > 0:
+                for d in heapq.nsmallest(needed, devices - chosen):
+                    chosen.add(d)
+                    allocated.append(d)
+                    needed -= 1
             return needed == 0
 
         if take(reusable):
