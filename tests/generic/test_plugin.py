@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from generic.gen_kubelet import KubeletDouble
+from kubedevice.errors import PluginServerError
 from kubedevice.generic import FakeHost, GenericPlugins, parse_config
 
 SERIAL = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}
@@ -278,3 +279,17 @@ async def test_reload_from_file_keeps_allocations(
         assert not (sock_dir / "example.com-fuse.sock").exists()
         host.remove("/dev/ttyUSB1")  # hot-plug still works after reloads
         await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Unhealthy"})
+
+
+async def test_failed_start_releases_everything(host: FakeHost, sock_dir: Path) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    blocker = sock_dir / "example.com-serial.sock"
+    blocker.write_text("not a socket")  # never removed: it is not a socket
+    plugins = _plugins(host, sock_dir, SERIAL)
+    with pytest.raises(PluginServerError, match="exists and is not a socket"):
+        await plugins.start()
+    assert blocker.read_text() == "not a socket"
+    assert plugins.server.resource_names == ()
+    await plugins.stop()  # idempotent after a failed start
+    with pytest.raises(RuntimeError, match="only once"):
+        await plugins.start()

@@ -79,6 +79,7 @@ class GenericPlugins:
         self._reloads = 0
         self._reload_done = asyncio.Event()
         self._started = False
+        self._stopped = False
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -108,8 +109,16 @@ class GenericPlugins:
     async def start(self) -> None:
         """Scan, start serving and registering every resource, and start the watchers."""
         if self._started:
-            raise RuntimeError("GenericPlugins already started")
+            raise RuntimeError("GenericPlugins can be started only once")
         self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()  # release what was set up: sockets, inotify, tasks
+            raise
+        log.info("generic plugin started", extra={"resources": ",".join(self._plugins)})
+
+    async def _start(self) -> None:
         self._check_roots()
         self._watcher = DirWatcher()
         for res in self._config.resources:
@@ -130,7 +139,6 @@ class GenericPlugins:
             self._tasks.append(
                 asyncio.create_task(self._config_loop(), name="generic: config watch")
             )
-        log.info("generic plugin started", extra={"resources": ",".join(self._plugins)})
 
     def _check_roots(self) -> None:
         for what, root in (("devRoot", self._config.dev_root), ("sysRoot", self._config.sys_root)):
@@ -139,23 +147,28 @@ class GenericPlugins:
 
     async def stop(self) -> None:
         """Stop watchers and health checks, then the server (idempotent)."""
-        if self._started:
-            log.info("stopping generic plugin")
+        if not self._started or self._stopped:
+            return
+        self._stopped = True
+        log.info("stopping generic plugin")
         tasks = self._tasks + [t for ts in self._health_tasks.values() for t in ts]
         self._tasks, self._health_tasks = [], {}
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("task %s had failed", task.get_name())
         for plugin in self._plugins.values():
             plugin.close()
         log.debug("generic plugin tasks stopped; stopping the plugin server")
         if self._http is not None:
             self._http.shutdown()
             self._http = None
-        if self._started:
-            await self.server.stop()
+        await self.server.stop()
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
