@@ -49,8 +49,11 @@ async def register(
             get_preferred_allocation_available=options.get_preferred_allocation_available,
         ),
     )
+    # A local subchannel pool: gRPC's global pool would otherwise make this fresh channel wait
+    # out the ~1 s reconnect backoff left by an earlier failed connect to a restarting kubelet.
+    channel_options = [("grpc.enable_retries", 0), ("grpc.use_local_subchannel_pool", 1)]
     async with grpc.aio.insecure_channel(
-        f"unix://{kubelet_socket}", options=[("grpc.enable_retries", 0)]
+        f"unix://{kubelet_socket}", options=channel_options
     ) as channel:
         stub = dp_grpc.RegistrationStub(channel)
         try:
