@@ -275,3 +275,15 @@ def test_colliding_ids_in_one_resource_stay_distinct(host: FakeHost) -> None:
         ),
         "a.com/v",
     )
+
+
+def test_whole_group_of_absent_optional_paths_is_not_offered(host: FakeHost) -> None:
+    res = {
+        "name": "a.com/o",
+        "groups": [
+            {"name": "o", "perMatch": False, "paths": [{"path": "/dev/x*", "optional": True}]}
+        ],
+    }
+    assert _scan(host, res)["a.com/o"] == []
+    host.add_char_device("/dev/x1")
+    assert _ids(_scan(host, res), "a.com/o") == ["o"]

@@ -184,6 +184,8 @@ class Scanner:
             for local, _host in hits:
                 shared_nodes.append(self._node(spec.container_path, spec.permissions, local))
         if not group.per_match:
+            if not shared_nodes:
+                return  # every path optional and none present: nothing to offer
             claims = frozenset(h for hits in matched for _l, h in hits)
             yield PhysicalDevice(
                 id=sanitize_id(gname, max_len),

@@ -62,6 +62,7 @@ class GenericResourcePlugin(DevicePlugin):
         self._snapshot: Snapshot | None = None
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
+        self._scanned = False
 
     # ----------------------------------------------------------------- state in
 
@@ -91,8 +92,10 @@ class GenericResourcePlugin(DevicePlugin):
             known = self._entries.get(dev_id)
             if known is None:
                 self._entries[dev_id] = _Entry(phys=phys, group=group)
-                log.info(
-                    "device appeared", extra={"resource": self.resource_name, "device_id": dev_id}
+                log.log(
+                    logging.INFO if self._scanned else logging.DEBUG,
+                    "device appeared",
+                    extra={"resource": self.resource_name, "device_id": dev_id},
                 )
                 continue
             entry = known
@@ -109,6 +112,9 @@ class GenericResourcePlugin(DevicePlugin):
             if entry.phys is not phys and entry.phys != phys:
                 entry.phys = phys  # keep the old object when equal: snapshot cache hits
             entry.group, entry.present = group, True
+        if not self._scanned:
+            self._scanned = True
+            log.info("found %d device(s)", len(found), extra={"resource": self.resource_name})
         self.publish()
 
     def apply_checks(self, results: dict[str, CheckResult]) -> None:

@@ -220,15 +220,14 @@ class GenericPlugins:
             )
         self._health_tasks[resource] = tasks
 
-    async def _stop_health(self, resource: str) -> None:
+    def _cancel_health(self, resource: str) -> list[asyncio.Task[None]]:
+        """Cancel ``resource``'s health tasks; return them to be awaited."""
         tasks = self._health_tasks.pop(resource, [])
         for key in [k for k in self._health_kicks if k[0] == resource]:
             del self._health_kicks[key]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        return tasks
 
     async def _health_loop(
         self, plugin: GenericResourcePlugin, index: int, kick: asyncio.Event
@@ -314,36 +313,48 @@ class GenericPlugins:
             return
         old_specs = {r.name: r for r in old.resources}
         new_specs = {r.name: r for r in config.resources}
+        keep_changed = config.keep_unhealthy_seconds != old.keep_unhealthy_seconds
+        # Synchronous part first, so a scan triggered meanwhile sees a consistent state.
+        stopping: list[asyncio.Task[None]] = []
+        removed = [n for n in self._plugins if n not in new_specs]
+        changed = [
+            n
+            for n, spec in new_specs.items()
+            if n in self._plugins and (spec != old_specs[n] or keep_changed)
+        ]
+        added = [n for n in new_specs if n not in self._plugins]
+        for name in removed + changed:
+            stopping.extend(self._cancel_health(name))
         self._config = config
         if (config.dev_root, config.sys_root) != (old.dev_root, old.sys_root):
             self._scanner = Scanner(config)
         else:
             self._scanner.config = config
-        for name in [n for n in self._plugins if n not in new_specs]:
-            await self._stop_health(name)
-            plugin = self._plugins.pop(name)
+        gone = {name: self._plugins.pop(name) for name in removed}
+        for plugin in gone.values():
             plugin.close()
+        for name in changed:
+            self._plugins[name].reconfigure(new_specs[name], config.keep_unhealthy_seconds)
+        for name in added:
+            self._plugins[name] = GenericResourcePlugin(
+                new_specs[name], config.keep_unhealthy_seconds
+            )
+        self._plugins = {name: self._plugins[name] for name in new_specs}
+        self.rescan()
+        # Then the parts that wait: old health tasks, sockets, registrations.
+        for task in stopping:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for name in removed:
             await self.server.remove(name)
             log.info("resource removed", extra={"resource": name})
-        for name, spec in new_specs.items():
-            plugin_or_none = self._plugins.get(name)
-            if plugin_or_none is None:
-                self._plugins[name] = GenericResourcePlugin(spec, config.keep_unhealthy_seconds)
-            elif (
-                spec != old_specs[name]
-                or config.keep_unhealthy_seconds != old.keep_unhealthy_seconds
-            ):
-                await self._stop_health(name)
-                plugin_or_none.reconfigure(spec, config.keep_unhealthy_seconds)
-                self._start_health(name)
-                log.info("resource updated", extra={"resource": name})
-        self.rescan()
-        for name in new_specs:
-            if name not in old_specs:
-                await self.server.add(self._plugins[name])
-                self._start_health(name)
-                log.info("resource added", extra={"resource": name})
-        self._plugins = {name: self._plugins[name] for name in new_specs}
+        for name in changed:
+            self._start_health(name)
+            log.info("resource updated", extra={"resource": name})
+        for name in added:
+            await self.server.add(self._plugins[name])
+            self._start_health(name)
+            log.info("resource added", extra={"resource": name})
         log.info("config reloaded")
 
 
