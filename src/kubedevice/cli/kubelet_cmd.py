@@ -22,6 +22,7 @@ from kubedevice.errors import ManifestError
 from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.control import call, control_socket_path
 from kubedevice.kubelet.pods import load_manifests
+from kubedevice.kubelet.render import node_text, pods_table, runtime_text
 
 __all__ = ["COMMANDS"]
 
@@ -57,15 +58,6 @@ def _request(device_plugin_dir: Path, req: dict[str, Any]) -> Any:
         click.echo(f"error: {err.get('message')}", err=True)
         sys.exit(EXIT_MANIFEST if err.get("type") == "ManifestError" else EXIT_ERROR)
     return reply.get("result")
-
-
-def _table(rows: list[list[str]]) -> str:
-    if not rows:
-        return ""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
 
 
 # ---------------------------------------------------------------------------- kubelet
@@ -151,47 +143,6 @@ def pod() -> None:
     """Apply, delete and inspect pods on a running emulator."""
 
 
-def _pod_rows(pods: list[dict[str, Any]]) -> str:
-    rows = [["NAMESPACE", "NAME", "CONTAINER", "KIND", "RESOURCE", "DEVICES", "STARTED"]]
-    for p in pods:
-        for c in p["containers"]:
-            devices = c["devices"] or {"-": []}
-            for res, ids in devices.items():
-                rows.append(
-                    [
-                        p["namespace"],
-                        p["name"],
-                        c["name"],
-                        c["kind"],
-                        res,
-                        ",".join(ids) or "-",
-                        "yes" if c["started"] else f"no ({c['start_error']})",
-                    ]
-                )
-    return _table(rows)
-
-
-def _runtime_text(p: dict[str, Any]) -> str:
-    lines = [_pod_rows([p])]
-    for c in p["containers"]:
-        rt = c["runtime"]
-        lines.append(f"\ncontainer {c['name']}:")
-        for k, v in rt["envs"].items():
-            lines.append(f"  env     {k}={v}")
-        for m in rt["mounts"]:
-            ro = " (ro)" if m["read_only"] else ""
-            lines.append(f"  mount   {m['host_path']} -> {m['container_path']}{ro}")
-        for d in rt["devices"]:
-            lines.append(f"  device  {d['host_path']} -> {d['container_path']} {d['permissions']}")
-        for k, v in rt["annotations"].items():
-            lines.append(f"  annot   {k}={v}")
-        for name in rt["cdi_devices"]:
-            lines.append(f"  cdi     {name}")
-        for conflict in rt["conflicts"]:
-            lines.append(f"  CONFLICT {conflict}")
-    return "\n".join(lines)
-
-
 @pod.command("apply")
 @_dir_option
 @click.option("-f", "--filename", required=True, help="Manifest file (YAML or JSON; - = stdin).")
@@ -213,7 +164,7 @@ def pod_apply(device_plugin_dir: Path, filename: str, output: str) -> None:
     else:
         for r in results:
             click.echo(f"pod/{r['name']} admitted")
-        click.echo(_pod_rows(results))
+        click.echo(pods_table(results))
 
 
 @pod.command("delete")
@@ -234,7 +185,7 @@ def pod_delete(device_plugin_dir: Path, name: str, namespace: str) -> None:
 def pod_get(device_plugin_dir: Path, name: str, namespace: str, output: str) -> None:
     """Show what each container of a pod got (devices and runtime view)."""
     p = _request(device_plugin_dir, {"op": "get", "name": name, "namespace": namespace})
-    click.echo(json.dumps(p, indent=2) if output == "json" else _runtime_text(p))
+    click.echo(json.dumps(p, indent=2) if output == "json" else runtime_text(p))
 
 
 @pod.command("list")
@@ -244,7 +195,7 @@ def pod_get(device_plugin_dir: Path, name: str, namespace: str, output: str) -> 
 def pod_list(device_plugin_dir: Path, namespace: str | None, output: str) -> None:
     """List admitted pods and their devices."""
     pods = _request(device_plugin_dir, {"op": "list", "namespace": namespace})
-    click.echo(json.dumps(pods, indent=2) if output == "json" else _pod_rows(pods))
+    click.echo(json.dumps(pods, indent=2) if output == "json" else pods_table(pods))
 
 
 # ---------------------------------------------------------------------------- node
@@ -273,19 +224,7 @@ def node(
     if output == "json":
         click.echo(json.dumps(n, indent=2))
         return
-    res = n["resources"]
-    rows = [["RESOURCE", "CAPACITY", "ALLOCATABLE", "ALLOCATED", "PLUGIN"]]
-    for name, r in res.items():
-        state = "connected" if r["connected"] else f"stopped {r['stopped_for_s']:.0f}s ago"
-        rows.append([name, str(r["capacity"]), str(r["allocatable"]), str(r["allocated"]), state])
-    click.echo(_table(rows))
-    devrows = [["RESOURCE", "DEVICE", "HEALTH", "NUMA"]]
-    for name, r in res.items():
-        for d in r["devices"]:
-            numa = ",".join(str(x) for x in d["numa"]) or "-"
-            devrows.append([name, d["id"], d["health"], numa])
-    if len(devrows) > 1:
-        click.echo("\n" + _table(devrows))
+    click.echo(node_text(n))
 
 
 COMMANDS: list[click.Command] = [kubelet, pod, node]
