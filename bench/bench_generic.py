@@ -4,6 +4,7 @@ Measures, against a real ``kubedevice run`` subprocess on a fake tree and a mini
 kubelet (Registration server + ListAndWatch client, real gRPC over Unix sockets):
 
 * hot-plug latency: create/remove a node -> the kubelet-side stream gets the update (p50/p99)
+* health-change latency: an allocated device's node removed/re-created -> Unhealthy/Healthy
 * start-up: process spawn -> Register received and first device list streamed (median)
 * RSS of the daemon serving 1,000 devices
 * CPU the daemon uses while idle (``--idle-seconds``, 60 by default)
@@ -45,6 +46,7 @@ class MiniKubelet:
         self.registered_at: float | None = None
         self.messages: list[tuple[float, dict[str, str]]] = []
         self.changed = asyncio.Event()
+        self.stub: Any = None
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._channels: list[grpc.aio.Channel] = []
@@ -60,6 +62,7 @@ class MiniKubelet:
                 outer._channels.append(channel)
                 stub = dp_grpc.DevicePluginStub(channel)
                 await stub.GetDevicePluginOptions(dp.Empty(), timeout=5)
+                outer.stub = stub
                 outer._tasks.append(asyncio.create_task(outer._watch(stub)))
                 return dp.Empty()
 
@@ -191,6 +194,24 @@ async def bench_daemon(devices: int, changes: int, idle_seconds: float) -> dict[
                     kubelet.wait(lambda s, n="bench-" + name: n not in s), 10
                 )
                 lat.append(t1 - t0)
+            # health: an allocated device unplugged turns Unhealthy, re-plugged Healthy again
+            target = "bench-dev0000"
+            req = dp.AllocateRequest(
+                container_requests=[dp.ContainerAllocateRequest(devices_ids=[target])]
+            )
+            await kubelet.stub.Allocate(req, timeout=5)
+            health: list[float] = []
+            for _ in range(max(changes // 2, 1)):
+                for action, want in (("remove", "Unhealthy"), ("add", "Healthy")):
+                    t0 = time.perf_counter()
+                    if action == "remove":
+                        host.remove("/dev/bench/dev0000")
+                    else:
+                        host.add_char_device("/dev/bench/dev0000")
+                    t1 = await asyncio.wait_for(
+                        kubelet.wait(lambda s, w=want: s.get(target) == w), 10
+                    )
+                    health.append(t1 - t0)
             rss_after_mb = ps.memory_info().rss / 1e6
         finally:
             await _stop(proc)
@@ -201,6 +222,9 @@ async def bench_daemon(devices: int, changes: int, idle_seconds: float) -> dict[
             "hotplug_latency_ms_p50": _pct(lat, 0.50) * 1000,
             "hotplug_latency_ms_p99": _pct(lat, 0.99) * 1000,
             "hotplug_latency_ms_max": max(lat) * 1000,
+            "health_samples": len(health),
+            "health_change_latency_ms_p50": _pct(health, 0.50) * 1000,
+            "health_change_latency_ms_p99": _pct(health, 0.99) * 1000,
             "rss_mb_1000_devices": rss_mb,
             "uss_mb_1000_devices": uss_mb,
             "rss_mb_after_hotplug": rss_after_mb,

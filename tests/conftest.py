@@ -1,4 +1,4 @@
-"""Fixtures shared by every test: short socket directories (AF_UNIX paths are capped near 107 bytes)."""
+"""Fixtures shared by every test: short socket dirs (AF_UNIX paths are capped near 107 bytes)."""
 
 from __future__ import annotations
 

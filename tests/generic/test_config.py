@@ -233,6 +233,85 @@ BAD: list[tuple[str, Any, str]] = [
         "c.yaml: resources[0].groups[0].per_match: unknown key (allowed: annotations, cdiDevices, "
         "count, envs, health, mounts, name, paths, perMatch, usb)",
     ),
+    (
+        "dev-root-relative",
+        {**_res(), "devRoot": "dev"},
+        "c.yaml: devRoot: must be an absolute path (got 'dev')",
+    ),
+    (
+        "keep-infinite",
+        {**_res(), "keepUnhealthySeconds": float("inf")},
+        "c.yaml: keepUnhealthySeconds: must be a finite number (got inf)",
+    ),
+    (
+        "container-path-template",
+        _res(paths=[{"path": "/dev/x", "containerPath": "/dev/{bad}"}]),
+        "c.yaml: resources[0].groups[0].paths[0].containerPath: unknown template variable {bad}; "
+        "expected one of {id}, {name}",
+    ),
+    (
+        "container-path-relative",
+        _res(paths=[{"path": "/dev/x", "containerPath": "x"}]),
+        "c.yaml: resources[0].groups[0].paths[0].containerPath: must be an absolute path (got 'x')",
+    ),
+    (
+        "sysfs-template",
+        _res(health={"sysfsAttribute": {"path": "/sys/{ids}", "expect": "1"}}),
+        "c.yaml: resources[0].groups[0].health.sysfsAttribute.path: unknown template variable "
+        "{ids}; expected one of {id}, {name}, {path}",
+    ),
+    (
+        "argv-template",
+        _res(health={"command": {"argv": ["x", "{count}"]}}),
+        "c.yaml: resources[0].groups[0].health.command.argv[1]: unknown template variable {count}; "
+        "expected one of {id}, {name}, {path}",
+    ),
+    (
+        "count-too-big",
+        _res(count=10001),
+        "c.yaml: resources[0].groups[0].count: must be <= 10000 (got 10001)",
+    ),
+    (
+        "bool-type",
+        _res(perMatch="yes"),
+        "c.yaml: resources[0].groups[0].perMatch: expected true or false (got 'yes')",
+    ),
+    (
+        "list-type",
+        _res(paths="x"),
+        "c.yaml: resources[0].groups[0].paths: expected a list (got 'x')",
+    ),
+    (
+        "mapping-type",
+        _res(health=5),
+        "c.yaml: resources[0].groups[0].health: expected a mapping (got 5)",
+    ),
+    (
+        "dict-type",
+        _res(envs=[]),
+        "c.yaml: resources[0].groups[0].envs: expected a mapping (got a list)",
+    ),
+    (
+        "number-type",
+        _res(health={"periodSeconds": "x", "command": {"argv": ["x"]}}),
+        "c.yaml: resources[0].groups[0].health.periodSeconds: expected a number (got 'x')",
+    ),
+    (
+        "mount-dotdot",
+        _res(mounts=[{"hostPath": "/a/../b", "containerPath": "/x"}]),
+        "c.yaml: resources[0].groups[0].mounts[0].hostPath: must not contain '..' (got '/a/../b')",
+    ),
+    (
+        "usb-product-hex",
+        _res(paths=[], usb=[{"vendor": "0403", "product": "xyz"}]),
+        "c.yaml: resources[0].groups[0].usb[0].product: must be 4 hexadecimal digits, e.g. '0403' "
+        "(got 'xyz')",
+    ),
+    (
+        "resource-not-mapping",
+        {"version": "v1", "resources": [5]},
+        "c.yaml: resources[0]: expected a mapping (got 5)",
+    ),
 ]
 
 
@@ -314,3 +393,11 @@ def test_with_roots_overrides() -> None:
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_are_valid(example: Path) -> None:
     assert isinstance(load_config(example), Config)
+
+
+async def test_reload_without_a_file_is_refused() -> None:
+    from kubedevice.generic import GenericPlugins
+
+    plugins = GenericPlugins(parse_config(_res()))
+    with pytest.raises(ConfigError, match="no config file to reload from"):
+        await plugins.reload()

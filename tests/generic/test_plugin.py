@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,31 @@ async def test_failed_start_releases_everything(host: FakeHost, sock_dir: Path) 
     await plugins.stop()  # idempotent after a failed start
     with pytest.raises(RuntimeError, match="only once"):
         await plugins.start()
+
+
+async def test_command_health_check(host: FakeHost, kubelet: KubeletDouble, sock_dir: Path) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    marker = host.root / "ok-ttyUSB0"
+    marker.touch()
+    probe = "import os, sys; sys.exit(0 if os.path.exists(sys.argv[1]) else 1)"
+    res = {
+        "name": "example.com/serial",
+        "groups": [
+            {
+                "paths": [{"path": "/dev/ttyUSB*"}],
+                "health": {
+                    "periodSeconds": 0.05,
+                    "command": {
+                        "argv": [sys.executable, "-c", probe, f"{host.root}/ok-{{name}}"],
+                        "timeoutSeconds": 10,
+                    },
+                },
+            }
+        ],
+    }
+    async with _plugins(host, sock_dir, res), asyncio.timeout(20):
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Healthy"})
+        marker.unlink()
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Unhealthy"})
+        marker.touch()
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Healthy"})

@@ -107,6 +107,7 @@ class _Model(BaseModel):
         validate_by_alias=True,
         validate_by_name=False,
         strict=True,
+        allow_inf_nan=False,
     )
 
 

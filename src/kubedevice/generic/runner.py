@@ -21,8 +21,8 @@ from typing import Any
 
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.generic.config import Config, load_config
-from kubedevice.generic.discovery import Scanner, watch_dirs
-from kubedevice.generic.health import run_check
+from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
+from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
 from kubedevice.generic.watcher import CONFIG_MASK, DirWatcher
 from kubedevice.plugin.metrics import PluginMetrics
@@ -31,6 +31,9 @@ from kubedevice.plugin.server import PluginServer
 __all__ = ["GenericPlugins", "run_generic"]
 
 log = logging.getLogger(__name__)
+
+#: Health checks of one group run at most this many at a time (commands are processes).
+_MAX_PARALLEL_CHECKS = 16
 
 
 class GenericPlugins:
@@ -234,12 +237,20 @@ class GenericPlugins:
     ) -> None:
         spec = plugin.spec.groups[index].health
         assert spec is not None
+        limit = asyncio.Semaphore(_MAX_PARALLEL_CHECKS)
+
+        async def check(dev: PhysicalDevice) -> CheckResult:
+            async with limit:
+                try:
+                    return await run_check(spec, dev, self._scanner.sys_root)
+                except Exception as exc:  # a checker bug must not leave devices Healthy
+                    log.exception("health check of %s crashed", dev.id)
+                    return CheckResult(False, f"health check crashed: {exc!r}")
+
         while True:
             kick.clear()
             devices = plugin.present_devices(index)
-            results = await asyncio.gather(
-                *(run_check(spec, d, self._scanner.sys_root) for d in devices)
-            )
+            results = await asyncio.gather(*(check(d) for d in devices))
             plugin.apply_checks({d.id: r for d, r in zip(devices, results, strict=True)})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kick.wait(), spec.period_seconds)
@@ -406,13 +417,13 @@ async def run_generic(
         sys_root=sys_root,
     )
     loop = asyncio.get_running_loop()
-    async with plugins:
-        if handle_sighup:
-            loop.add_signal_handler(signal.SIGHUP, plugins.request_reload)
-        try:
+    if handle_sighup:  # before start: a SIGHUP during start-up must not kill the process
+        loop.add_signal_handler(signal.SIGHUP, plugins.request_reload)
+    try:
+        async with plugins:
             if ready is not None:
                 ready(plugins)
             await stop.wait()
-        finally:
-            if handle_sighup:
-                loop.remove_signal_handler(signal.SIGHUP)
+    finally:
+        if handle_sighup:
+            loop.remove_signal_handler(signal.SIGHUP)

@@ -72,7 +72,8 @@ class Backoff:
     Attributes:
         initial: First delay in seconds.
         maximum: Largest delay in seconds.
-        jitter: Each delay is multiplied by a random factor in ``[1 - jitter, 1 + jitter]``.
+        jitter: Each delay is multiplied by a random factor in ``[1 - jitter, 1 + jitter]``
+            (and never exceeds ``maximum``).
     """
 
     initial: float = 0.1
@@ -88,4 +89,5 @@ class Backoff:
         """The next delay to wait, in seconds."""
         base = self._next or self.initial
         self._next = min(base * 2, self.maximum)
-        return min(base, self.maximum) * random.uniform(1 - self.jitter, 1 + self.jitter)
+        delay = min(base, self.maximum) * random.uniform(1 - self.jitter, 1 + self.jitter)
+        return min(delay, self.maximum)

@@ -9,9 +9,13 @@ exists. All of it is driven by inotify events on the device plugin directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import errno
+import itertools
 import logging
 import os
+import socket
 import stat
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +55,17 @@ class _Phase(enum.Enum):
     IDLE = "idle"  # not serving
     SERVING = "serving"  # socket bound, not yet registered
     REGISTERED = "registered"
+
+
+_TMP_NAMES = itertools.count()
+
+
+def _answers(path: Path) -> bool:
+    """True if something accepts connections on the Unix socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        err = probe.connect_ex(str(path))
+    return err in (0, errno.EAGAIN, errno.EINPROGRESS)
 
 
 def _inode(path: Path) -> tuple[int, int, int] | None:
@@ -95,7 +110,7 @@ class _Runtime:
         pending = self.plugin._kd_pending
         if pending is not None:
             self.table.publish(pending)
-        await self._serve()
+        await self._serve(take_over=True)
         self.plugin._kd_sink = self.table.publish
         self._tasks = [
             asyncio.create_task(self._source(), name=f"devices {self.resource}"),
@@ -123,19 +138,33 @@ class _Runtime:
 
     # ---- serving ---------------------------------------------------------------------
 
-    async def _serve(self) -> None:
+    async def _serve(self, *, take_over: bool) -> None:
         try:
-            await self._bind_and_start()
+            await self._bind_and_start(take_over=take_over)
         except OSError as exc:
             raise PluginServerError(f"cannot serve on {self.socket_path}: {exc}") from exc
 
-    async def _bind_and_start(self) -> None:
+    async def _bind_and_start(self, *, take_over: bool) -> None:
+        """Bind a fresh socket (mode 0600) and serve on it.
+
+        gRPC binds under a temporary name that is renamed into place, so the socket
+        appears at its path atomically with its final mode, and gRPC's own unlink at
+        shutdown (by path) hits the temporary name, never a socket someone else has put
+        at our path since.
+
+        Args:
+            take_over: Replace a socket that still answers (another instance of this
+                plugin being replaced); otherwise such a socket is left alone and this
+                fails with :class:`PluginServerError`.
+        """
         path = self.socket_path
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
-            raise PluginServerError(
-                f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
-                "use a shorter device plugin directory or socket name"
-            )
+        tmp = path.with_name(f".kd-{os.getpid()}-{next(_TMP_NAMES)}.sock")
+        for candidate in (path, tmp):
+            if len(os.fsencode(candidate)) > MAX_SOCKET_PATH_BYTES:
+                raise PluginServerError(
+                    f"socket path {candidate} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
+                    "use a shorter device plugin directory or socket name"
+                )
         try:
             st = path.lstat()
         except FileNotFoundError:
@@ -143,8 +172,17 @@ class _Runtime:
         else:
             if not stat.S_ISSOCK(st.st_mode):
                 raise PluginServerError(f"{path} exists and is not a socket; refusing to remove it")
-            path.unlink()
-            log.info("removed stale socket", extra=self.extra)
+            if _answers(path):
+                if not take_over:
+                    raise PluginServerError(
+                        f"{path} is in use by another process (another instance of this "
+                        "plugin?); not taking it back while it answers"
+                    )
+                log.warning(
+                    "taking over %s from the process still serving on it", path, extra=self.extra
+                )
+            else:
+                log.info("replacing stale socket", extra=self.extra)
         self.table.closed = False
         self.table.streams_served = 0
         server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
@@ -153,14 +191,21 @@ class _Runtime:
         )
         old_umask = os.umask(0o177)
         try:
-            port = server.add_insecure_port(f"unix:{path}")
+            port = server.add_insecure_port(f"unix:{tmp}")
         except RuntimeError as exc:
             raise PluginServerError(f"cannot listen on {path}: {exc}") from exc
         finally:
             os.umask(old_umask)
         if not port:
             raise PluginServerError(f"cannot listen on {path}")
-        os.chmod(path, 0o600)
+        try:
+            os.chmod(tmp, 0o600)
+            os.rename(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            await server.stop(None)
+            raise
         self._bound_ino = _inode(path)
         await server.start()
         self._grpc = server
@@ -170,9 +215,13 @@ class _Runtime:
     async def _unserve(self) -> None:
         server, self._grpc = self._grpc, None
         self.table.close()
+        bound, self._bound_ino = self._bound_ino, None
+        # Remove our socket, and only ours: another process may have put its own there.
+        if bound is not None and _inode(self.socket_path) == bound:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
         if server is not None:
             await server.stop(0.5)
-        self._bound_ino = None
 
     # ---- devices ---------------------------------------------------------------------
 
@@ -198,8 +247,10 @@ class _Runtime:
         while True:
             self._restart.clear()
             if not first:
+                # Only changes from now on may end the wait after a failure.
+                self._kubelet_changed.clear()
                 try:
-                    await self._serve()
+                    await self._serve(take_over=False)
                 except KubeDeviceError as exc:
                     delay = backoff.next_delay()
                     log.error("%s; retrying in %.1f s", exc, delay, extra=self.extra)
@@ -292,6 +343,7 @@ class _Runtime:
     # ---- events ----------------------------------------------------------------------
 
     def on_socket_event(self) -> None:
+        self._kubelet_changed.set()  # a socket that blocked a re-serve may be gone
         if self._phase is not _Phase.IDLE and _inode(self.socket_path) != self._bound_ino:
             self._request_restart(f"our socket {self.socket_path} was removed (kubelet restart?)")
 
@@ -429,8 +481,10 @@ class PluginServer:
             self.state = ServerState.STOPPED
             return
         self.state = ServerState.STOPPED
-        for name in list(self._runtimes):
-            await self.remove(name)
+        # Under the lock: an add() in progress finishes first and is then removed here.
+        async with self._lock:
+            while self._runtimes:
+                await self._remove_locked(next(iter(self._runtimes)))
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
@@ -480,12 +534,15 @@ class PluginServer:
             ConfigError: No plugin with that resource name is served here.
         """
         async with self._lock:
-            runtime = self._runtimes.pop(resource_name, None)
-            if runtime is None:
-                raise ConfigError(f"resource {resource_name!r} is not served by this server")
-            await runtime.stop()
-            if self.metrics is not None:
-                self.metrics.forget(resource_name)
+            await self._remove_locked(resource_name)
+
+    async def _remove_locked(self, resource_name: str) -> None:
+        runtime = self._runtimes.pop(resource_name, None)
+        if runtime is None:
+            raise ConfigError(f"resource {resource_name!r} is not served by this server")
+        await runtime.stop()
+        if self.metrics is not None:
+            self.metrics.forget(resource_name)
 
     @property
     def resource_names(self) -> tuple[str, ...]:

@@ -1,0 +1,327 @@
+"""Review findings: directory loss, shutdown races, hung kubelets, symlinks, backoff bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import stat
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kubelet_double import KubeletDouble
+from sdk_helpers import StaticPlugin, log_event
+
+import kubedevice
+from kubedevice._api import KUBELET_SOCKET, dp
+from kubedevice.plugin.registration import Backoff
+
+RES = "example.com/dev"
+
+
+def devs(n: int) -> list[kubedevice.Device]:
+    return [kubedevice.Device(id=f"d{i}") for i in range(n)]
+
+
+async def test_device_plugin_dir_deleted_and_recreated(sock_dir: Path) -> None:
+    dp_dir = sock_dir / "dp"
+    dp_dir.mkdir()
+    kubelet = KubeletDouble(dp_dir)
+    await kubelet.start()
+    try:
+        async with kubedevice.PluginServer(
+            dp_dir, stream_grace=0.2, backoff_initial=0.01, backoff_max=0.2
+        ) as server:
+            await server.add(StaticPlugin(devs(2)))
+            await server.wait_registered(RES, timeout=10)
+            await kubelet.stop()
+            with log_event("watching it again") as rewatched, log_event("serving on") as serving:
+                shutil.rmtree(dp_dir)
+                dp_dir.mkdir()
+                await asyncio.wait_for(rewatched.wait(), 10)
+                # The plugin serves in the new directory before any kubelet is there...
+                await asyncio.wait_for(serving.wait(), 10)
+            assert stat.S_IMODE(server.socket_path(RES).lstat().st_mode) == 0o600
+            # ...and registers as soon as the kubelet socket appears in it.
+            await kubelet.start()
+            await server.wait_registered(RES, count=2, timeout=10)
+            assert len(await kubelet.wait_registrations(2)) == 2
+            # The new directory is watched: a kubelet restart in it is noticed too.
+            await kubelet.restart()
+            await server.wait_registered(RES, count=3, timeout=10)
+    finally:
+        await kubelet.stop()
+
+
+async def test_no_busy_retry_while_the_directory_is_gone(sock_dir: Path) -> None:
+    dp_dir = sock_dir / "dp"
+    dp_dir.mkdir()
+    kubelet = KubeletDouble(dp_dir)
+    await kubelet.start()
+    try:
+        async with kubedevice.PluginServer(
+            dp_dir, stream_grace=0.2, backoff_initial=0.05, backoff_max=60
+        ) as server:
+            await server.add(StaticPlugin(devs(1)))
+            await server.wait_registered(RES, timeout=10)
+            await kubelet.stop()
+            counter = _Count("cannot listen on")
+            with counter, log_event("waiting for it to be re-created") as gone:
+                shutil.rmtree(dp_dir)
+                await asyncio.wait_for(gone.wait(), 10)
+                # Each failed attempt doubles the delay (0.05, 0.1, 0.2, ...): four attempts
+                # take more than 0.3 s; a retry loop that does not wait gets there at once.
+                await asyncio.wait_for(counter.reached(4), 10)
+                assert counter.elapsed() > 0.25, counter.elapsed()
+    finally:
+        await kubelet.stop()
+
+
+class _Count(logging.Handler):
+    """Records when kubedevice logs a message containing ``needle``; waits for a count."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.needle = needle
+        self.times: list[float] = []
+        self._changed = asyncio.Event()
+        self._logger = logging.getLogger("kubedevice")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.times.append(time.monotonic())
+            self._changed.set()
+
+    def __enter__(self) -> _Count:
+        self._old = self._logger.level
+        self._logger.setLevel(logging.DEBUG)
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._old)
+
+    async def reached(self, n: int) -> None:
+        while len(self.times) < n:
+            self._changed.clear()
+            await self._changed.wait()
+
+    def elapsed(self) -> float:
+        return self.times[-1] - self.times[0]
+
+
+async def test_stop_racing_add_leaves_no_socket(sock_dir: Path) -> None:
+    server = kubedevice.PluginServer(sock_dir)
+    await server.start()
+    add = asyncio.create_task(server.add(StaticPlugin(devs(1))))
+    stop = asyncio.create_task(server.stop())
+    results = await asyncio.gather(add, stop, return_exceptions=True)
+    assert results[1] is None
+    if results[0] is not None:
+        assert isinstance(results[0], kubedevice.PluginServerError), results[0]
+    assert server.state is kubedevice.ServerState.STOPPED
+    assert server.resource_names == ()
+    assert not (sock_dir / "example.com-dev.sock").exists()
+
+
+class _HangingKubelet:
+    """A Registration server whose Register never answers."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.called = asyncio.Event()
+        self.cancelled = asyncio.Event()
+        self._server: grpc.aio.Server | None = None
+
+    async def _register(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        self.called.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        handler = grpc.method_handlers_generic_handler(
+            "v1beta1.Registration",
+            {
+                "Register": grpc.unary_unary_rpc_method_handler(
+                    self._register,
+                    request_deserializer=dp.RegisterRequest.FromString,
+                    response_serializer=dp.Empty.SerializeToString,
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"unix:{self.directory / KUBELET_SOCKET}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(None)
+
+
+async def test_stop_while_register_is_outstanding(sock_dir: Path) -> None:
+    hanging = _HangingKubelet(sock_dir)
+    await hanging.start()
+    try:
+        stop = asyncio.Event()
+        ready = asyncio.Event()
+        task = asyncio.create_task(
+            kubedevice.serve(
+                StaticPlugin(devs(1)), device_plugin_dir=sock_dir, stop=stop, ready=ready
+            )
+        )
+        await asyncio.wait_for(hanging.called.wait(), 10)
+        stop.set()
+        await asyncio.wait_for(task, 5)  # far below the 10 s Register deadline
+        assert not (sock_dir / "example.com-dev.sock").exists()
+        await asyncio.wait_for(hanging.cancelled.wait(), 5)  # the call was cancelled
+    finally:
+        await hanging.stop()
+
+
+async def test_symlink_at_socket_path_is_refused_and_kept(
+    sock_dir: Path, server: kubedevice.PluginServer
+) -> None:
+    target = sock_dir / "target.sock"
+    real = socket.socket(socket.AF_UNIX)
+    real.bind(str(target))
+    real.close()
+    link = sock_dir / "example.com-dev.sock"
+    link.symlink_to(target)
+    with pytest.raises(kubedevice.PluginServerError, match="not a socket"):
+        await server.add(StaticPlugin(devs(1)))
+    assert link.is_symlink()
+    assert stat.S_ISSOCK(target.lstat().st_mode)
+
+
+async def test_live_socket_of_another_process_is_not_fought_over(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer
+) -> None:
+    # Rolling update: a second instance takes our socket name over while we run. We must
+    # neither delete its socket (gRPC's own unlink at shutdown goes by path) nor take
+    # the name back while it answers; once it is gone, we serve and register again.
+    await server.add(StaticPlugin(devs(1)))
+    await server.wait_registered(RES, timeout=10)
+    path = server.socket_path(RES)
+    other = grpc.aio.server()
+    with log_event("in use by another process") as refused:
+        path.unlink()
+        other.add_insecure_port(f"unix:{path}")
+        await other.start()
+        ino = path.lstat().st_ino
+        try:
+            await asyncio.wait_for(refused.wait(), 10)
+            assert path.lstat().st_ino == ino
+            assert not server.registered(RES).is_set()
+        finally:
+            await other.stop(None)  # removes its socket
+    await server.wait_registered(RES, count=2, timeout=10)
+    assert path.lstat().st_ino != ino
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+
+
+async def test_second_instance_takes_over_without_a_fight(
+    kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    opts: dict[str, Any] = {"stream_grace": 0.2, "backoff_initial": 0.01, "backoff_max": 0.2}
+    async with kubedevice.PluginServer(sock_dir, **opts) as old:
+        await old.add(StaticPlugin(devs(1)))
+        await old.wait_registered(RES, timeout=10)
+        with log_event("in use by another process") as old_backs_off:
+            async with kubedevice.PluginServer(sock_dir, **opts) as new:
+                with log_event("taking over") as took:
+                    await new.add(StaticPlugin(devs(2)))
+                assert took.is_set()
+                await new.wait_registered(RES, timeout=10)
+                path = new.socket_path(RES)
+                ino = path.lstat().st_ino
+                await asyncio.wait_for(old_backs_off.wait(), 10)
+                await old.remove(RES)  # the old pod goes away
+                # The new instance's socket survived both, and it is still registered.
+                assert path.lstat().st_ino == ino
+                assert new.registered(RES).is_set()
+                assert new.registration_count(RES) == 1
+                assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+                regs = await kubelet.wait_registrations(2)
+                assert [len(r.first_list) for r in regs[:2]] == [1, 2]
+        assert not path.exists()
+
+
+async def test_stale_socket_is_replaced(sock_dir: Path, server: kubedevice.PluginServer) -> None:
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock_dir / "example.com-dev.sock"))
+    stale.close()
+    await server.add(StaticPlugin(devs(1)))
+    st = server.socket_path(RES).lstat()
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+
+
+async def test_socket_mode_after_reregistration(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer
+) -> None:
+    old_umask = os.umask(0)
+    try:
+        await server.add(StaticPlugin(devs(1)))
+        await server.wait_registered(RES, timeout=10)
+        await kubelet.restart()
+        await server.wait_registered(RES, count=2, timeout=10)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(server.socket_path(RES).lstat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_backoff_never_exceeds_its_maximum(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    backoff = Backoff(initial=0.1, maximum=5.0)
+    delays = [backoff.next_delay() for _ in range(20)]
+    assert all(0 < d <= 5.0 for d in delays), delays
+    assert delays[0] <= 0.1 * 1.2
+    assert delays[-1] >= 5.0 * 0.8
+
+
+class GeneratorSource(kubedevice.DevicePlugin):
+    resource_name = RES
+
+    async def devices(self) -> AsyncIterator[Sequence[kubedevice.Device]]:
+        # A lazy iterable instead of a list: it must still be sent in full.
+        yield (kubedevice.Device(id=f"g{i}") for i in range(3))  # type: ignore[misc]
+        yield None  # type: ignore[misc]  # not a snapshot at all: refused, the source goes on
+        yield [kubedevice.Device(id="g9")]
+
+
+async def test_snapshot_given_as_an_iterator_is_sent_whole(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer
+) -> None:
+    with log_event("refused a device snapshot") as refused:
+        await server.add(GeneratorSource())
+        await server.wait_registered(RES, timeout=10)
+        assert [i for i, _ in kubelet.registrations[0].first_list][:3] == ["g0", "g1", "g2"]
+        await asyncio.wait_for(refused.wait(), 10)
+    assert await kubelet.wait_list(RES, lambda lst: [i for i, _ in lst] == ["g9"])
+
+
+async def test_metrics_address_in_use_is_a_clear_error(sock_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = kubedevice.PluginServer(sock_dir, metrics_address=f"127.0.0.1:{port}")
+        with pytest.raises(kubedevice.PluginServerError, match="metrics"):
+            await server.start()
+    await server.stop()
+    assert server.state is kubedevice.ServerState.STOPPED
