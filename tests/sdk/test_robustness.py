@@ -297,9 +297,13 @@ def test_backoff_never_exceeds_its_maximum(seed: int) -> None:
 class GeneratorSource(kubedevice.DevicePlugin):
     resource_name = RES
 
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+
     async def devices(self) -> AsyncIterator[Sequence[kubedevice.Device]]:
         # A lazy iterable instead of a list: it must still be sent in full.
         yield (kubedevice.Device(id=f"g{i}") for i in range(3))  # type: ignore[misc]
+        await self.go.wait()
         yield None  # type: ignore[misc]  # not a snapshot at all: refused, the source goes on
         yield [kubedevice.Device(id="g9")]
 
@@ -307,10 +311,12 @@ class GeneratorSource(kubedevice.DevicePlugin):
 async def test_snapshot_given_as_an_iterator_is_sent_whole(
     kubelet: KubeletDouble, server: kubedevice.PluginServer
 ) -> None:
+    plugin = GeneratorSource()
     with log_event("refused a device snapshot") as refused:
-        await server.add(GeneratorSource())
+        await server.add(plugin)
         await server.wait_registered(RES, timeout=10)
-        assert [i for i, _ in kubelet.registrations[0].first_list][:3] == ["g0", "g1", "g2"]
+        assert [i for i, _ in kubelet.registrations[0].first_list] == ["g0", "g1", "g2"]
+        plugin.go.set()
         await asyncio.wait_for(refused.wait(), 10)
     assert await kubelet.wait_list(RES, lambda lst: [i for i, _ in lst] == ["g9"])
 

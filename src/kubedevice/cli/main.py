@@ -1,15 +1,46 @@
-"""Root of the ``kubedevice`` command: global options and the list of subcommands."""
+"""Root of the ``kubedevice`` command: global options and the lazily loaded subcommands.
+
+Each subcommand module is imported only when one of its commands runs, so the plugin
+daemon (``kubedevice run``) never loads the emulator or the conformance kit: less start-up
+time and less memory on every node.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from kubedevice import __version__
-from kubedevice.cli import conformance_cmd, demo_cmd, kubelet_cmd, run_cmd
 from kubedevice.log import configure_logging
 
+#: command name -> the ``kubedevice.cli`` module whose ``COMMANDS`` list defines it.
+SUBCOMMANDS: dict[str, str] = {
+    "run": "run_cmd",
+    "validate": "run_cmd",
+    "kubelet": "kubelet_cmd",
+    "pod": "kubelet_cmd",
+    "node": "kubelet_cmd",
+    "conformance": "conformance_cmd",
+    "demo": "demo_cmd",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    """A click group that imports a subcommand's module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = SUBCOMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        commands = importlib.import_module(f"kubedevice.cli.{module}").COMMANDS
+        return next((c for c in commands if c.name == cmd_name), None)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kubedevice")
 @click.option(
     "--log-format",
@@ -30,11 +61,6 @@ from kubedevice.log import configure_logging
 def cli(log_format: str, log_level: str) -> None:
     """Kubernetes device plugins in Python: plugins, a kubelet emulator and a conformance kit."""
     configure_logging(fmt=log_format, level=log_level)
-
-
-for _module in (run_cmd, kubelet_cmd, conformance_cmd, demo_cmd):
-    for _command in _module.COMMANDS:
-        cli.add_command(_command)
 
 
 def main() -> None:

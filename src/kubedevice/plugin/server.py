@@ -470,7 +470,14 @@ class PluginServer:
         self._watcher = DirWatcher(self.device_plugin_dir, self._on_change)
         await self._watcher.start()
         if self.metrics is not None and self.metrics_address is not None:
-            self._http = self.metrics.serve_http(self.metrics_address)
+            try:
+                self._http = self.metrics.serve_http(self.metrics_address)
+            except (OSError, ValueError) as exc:
+                await self._watcher.stop()
+                self._watcher = None
+                raise PluginServerError(
+                    f"cannot serve metrics on {self.metrics_address!r}: {exc}"
+                ) from exc
             log.info("metrics on http://%s/metrics", self.metrics_address)
         self.state = ServerState.RUNNING
         log.info("plugin server watching %s", self.device_plugin_dir)
@@ -488,10 +495,10 @@ class PluginServer:
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
+        http, self._http = self._http, None
+        if http is not None:
+            await asyncio.to_thread(http.shutdown)  # blocks up to its poll interval
+            http.server_close()
 
     async def add(self, plugin: DevicePlugin) -> None:
         """Start serving ``plugin`` and register it (registration continues in the background).

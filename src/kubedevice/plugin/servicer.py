@@ -89,7 +89,8 @@ class DeviceTable:
     def publish(self, snapshot: Sequence[Device]) -> bool:
         """Make ``snapshot`` the current list and wake the streams if the list changed.
 
-        A snapshot with a non-``Device`` item or a duplicate ID is refused (logged); one
+        A snapshot that is not iterable, has a non-``Device`` item or a duplicate ID is
+        refused (logged); one
         whose encoding exceeds the kubelet's limit updates the table but is not sent.
 
         Args:
@@ -99,8 +100,15 @@ class DeviceTable:
             True if the streams were woken with a new list.
         """
         extra = {"resource": self.resource}
+        try:
+            devices = tuple(snapshot)  # an iterator would be used up by the checks below
+        except TypeError:
+            log.error(
+                "refused a device snapshot: %r is not a sequence of devices", snapshot, extra=extra
+            )
+            return False
         by_id: dict[str, Device] = {}
-        for dev in snapshot:
+        for dev in devices:
             if not isinstance(dev, Device):
                 log.error(
                     "refused a device snapshot: %r is not a kubedevice.Device", dev, extra=extra
@@ -111,7 +119,7 @@ class DeviceTable:
                 return False
             by_id[dev.id] = dev
         self.by_id = by_id
-        self.snapshot = tuple(snapshot)
+        self.snapshot = devices
         if self._metrics is not None:
             healthy = sum(1 for d in self.snapshot if d.health is Health.HEALTHY)
             self._metrics.devices(self.resource, healthy, len(self.snapshot) - healthy)

@@ -1,0 +1,26 @@
+"""The catalogue is complete: documented in docs/conformance.md, and each case can fail."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kubedevice.conformance.catalogue import CASES
+
+from .test_fixture_plugins import BROKEN
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
+ROW = re.compile(r"^\| `([a-z0-9-]+)` \| (MUST|SHOULD) \|", re.MULTILINE)
+
+
+def test_docs_list_every_case_with_its_level_in_order() -> None:
+    documented = ROW.findall(DOC.read_text())
+    assert documented == [(c.id, c.level.value) for c in CASES]
+
+
+def test_every_case_has_a_fixture_flag_that_fails_it() -> None:
+    assert set(BROKEN.values()) == {c.id for c in CASES}
+
+
+def test_case_ids_are_unique() -> None:
+    assert len({c.id for c in CASES}) == len(CASES)
