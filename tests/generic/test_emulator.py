@@ -115,7 +115,7 @@ async def test_conformance_kit_passes(host: FakeHost) -> None:
     config = host.root / "config.yaml"
     config.write_text(yaml.safe_dump(_config(host, count=2)))
     proc = await asyncio.create_subprocess_exec(
-        KUBEDEVICE, "conformance", "--timeout", "10", "--",
+        KUBEDEVICE, "conformance", "--timeout", "10", "--log", str(host.root / "plugin.log"), "--",
         KUBEDEVICE, "run", "--config", str(config), "--device-plugin-dir", "{dir}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip

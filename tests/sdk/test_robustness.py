@@ -331,3 +331,40 @@ async def test_metrics_address_in_use_is_a_clear_error(sock_dir: Path) -> None:
             await server.start()
     await server.stop()
     assert server.state is kubedevice.ServerState.STOPPED
+
+
+async def test_register_has_a_deadline_and_is_retried(sock_dir: Path) -> None:
+    assert kubedevice.PluginServer(sock_dir).register_timeout == 10.0  # the default
+    hanging = _HangingKubelet(sock_dir)
+    await hanging.start()
+    try:
+        async with kubedevice.PluginServer(
+            sock_dir, register_timeout=0.2, backoff_initial=0.01, backoff_max=0.05
+        ) as server:
+            with log_event("DEADLINE_EXCEEDED") as expired:
+                await server.add(StaticPlugin(devs(1)))
+                await asyncio.wait_for(expired.wait(), 10)
+            assert not server.registered(RES).is_set()
+    finally:
+        await hanging.stop()
+
+
+async def test_default_message_limit_is_the_kubelets() -> None:
+    assert kubedevice.PluginServer("/tmp").max_message_bytes == 4 * 1024 * 1024
+
+
+async def test_reregistrations_are_counted(kubelet: KubeletDouble, sock_dir: Path) -> None:
+    metrics = kubedevice.PluginMetrics()
+    async with kubedevice.PluginServer(sock_dir, metrics=metrics) as server:
+        await server.add(StaticPlugin(devs(1)))
+        await server.wait_registered(RES, timeout=10)
+        lbl = {"resource": RES}
+        assert (
+            metrics.registry.get_sample_value("kubedevice_plugin_reregistrations_total", lbl) == 0
+        )
+        await kubelet.restart()
+        await server.wait_registered(RES, count=2, timeout=10)
+        assert metrics.registry.get_sample_value("kubedevice_plugin_registrations_total", lbl) == 2
+        assert (
+            metrics.registry.get_sample_value("kubedevice_plugin_reregistrations_total", lbl) == 1
+        )

@@ -79,8 +79,9 @@ class PluginMetrics:
     def registered(self, resource: str, count: int) -> None:
         """Record the ``count``-th successful registration of ``resource``."""
         self._registrations.labels(resource).inc()
+        rereg = self._reregistrations.labels(resource)  # exported as 0 from the first one
         if count > 1:
-            self._reregistrations.labels(resource).inc()
+            rereg.inc()
 
     def allocated(self, resource: str, seconds: float, error_code: str | None) -> None:
         """Record one Allocate RPC, its duration and its error code (``None`` if OK)."""
