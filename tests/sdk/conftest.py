@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -43,3 +44,14 @@ async def stub_for(server: kubedevice.PluginServer) -> AsyncIterator[object]:
     yield make
     for channel in channels:
         await channel.close()
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """Every task a test's servers and plugins started is gone when the test ends."""
+    before = asyncio.all_tasks()
+    yield
+    left = [
+        t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
+    ]
+    assert not left, f"leaked tasks: {[t.get_name() for t in left]}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.control import call, control_socket_path
 from kubedevice.kubelet.pods import load_manifests
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
+from kubedevice.signals import stop_on_signals
 
 __all__ = ["COMMANDS"]
 
@@ -104,21 +104,19 @@ def kubelet(
 
     async def run() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await emu.start()
-        for problem in emu.checkpoint_errors:
-            click.echo(f"warning: checkpoint: {problem}", err=True)
-        click.echo(
-            f"kubelet emulator serving {emu.kubelet_socket} "
-            f"(control {emu.control_socket}, pod-resources {emu.pod_resources_socket})",
-            err=True,
-        )
-        try:
-            await stop.wait()
-        finally:
-            await emu.stop()
+        with stop_on_signals(stop):
+            await emu.start()
+            for problem in emu.checkpoint_errors:
+                click.echo(f"warning: checkpoint: {problem}", err=True)
+            click.echo(
+                f"kubelet emulator serving {emu.kubelet_socket} "
+                f"(control {emu.control_socket}, pod-resources {emu.pod_resources_socket})",
+                err=True,
+            )
+            try:
+                await stop.wait()
+            finally:
+                await emu.stop()
 
     try:
         asyncio.run(run())

@@ -7,13 +7,13 @@ No logic here: options are parsed, :mod:`kubedevice.generic` does the work, and
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.signals import stop_on_signals
 
 __all__ = ["COMMANDS"]
 
@@ -61,10 +61,7 @@ def run_command(
 
     async def _main() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
+        with stop_on_signals(stop):
             await run_generic(
                 config,
                 stop=stop,
@@ -74,9 +71,6 @@ def run_command(
                 metrics_address=metrics_address,
                 handle_sighup=True,
             )
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
 
     try:
         asyncio.run(_main())

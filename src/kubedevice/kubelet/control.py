@@ -9,14 +9,14 @@ mistake it for a plugin socket: ``<DIR>/../kubedevice-emulator/<basename of DIR>
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from kubedevice.kubelet.sockets import private_umask, remove_socket
 
 __all__ = ["ControlServer", "call", "control_socket_path", "state_dir"]
 
@@ -52,11 +52,8 @@ class ControlServer:
             if _alive(self.path):
                 raise OSError(f"another emulator is serving {self.path}")
             self.path.unlink()
-        old = os.umask(0o177)
-        try:
+        with private_umask():
             self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
-        finally:
-            os.umask(old)
 
     async def stop(self) -> None:
         """Stop serving and remove the socket."""
@@ -66,9 +63,7 @@ class ControlServer:
                 t.cancel()
             await self._server.wait_closed()
             self._server = None
-        with contextlib.suppress(OSError):
-            if self.path.is_socket():
-                self.path.unlink()
+        remove_socket(self.path)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

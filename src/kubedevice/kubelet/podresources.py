@@ -9,7 +9,6 @@ sidecars and app containers are listed. Unary calls are rate-limited like the ku
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,6 +19,7 @@ from grpc import aio
 from kubedevice._api import NODE_WITHOUT_TOPOLOGY, pr, pr_grpc
 from kubedevice.kubelet.manager import DeviceManager
 from kubedevice.kubelet.pods import PodSpec
+from kubedevice.kubelet.sockets import serve_grpc, stop_grpc
 
 __all__ = ["PodResourcesServer"]
 
@@ -126,27 +126,14 @@ class PodResourcesServer:
 
     async def start(self) -> None:
         """Bind and serve (removes a stale socket first)."""
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.socket_path.is_socket():
-            self.socket_path.unlink()
-        server = aio.server()
-        pr_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
-        old = os.umask(0o177)
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-            await server.start()
-        finally:
-            os.umask(old)
-        os.chmod(self.socket_path, 0o600)
-        self._server = server
+        self._server = await serve_grpc(
+            self.socket_path,
+            lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(
+                _Servicer(self), server
+            ),
+        )
 
     async def stop(self) -> None:
         """Stop serving and remove the socket."""
-        if self._server is not None:
-            await self._server.stop(None)
-            self._server = None
-        try:
-            if self.socket_path.is_socket():
-                self.socket_path.unlink()
-        except OSError:
-            pass
+        server, self._server = self._server, None
+        await stop_grpc(server, self.socket_path)

@@ -20,6 +20,7 @@ from kubedevice._api import SUPPORTED_VERSIONS, dp, dp_grpc
 from kubedevice.errors import PluginRpcError
 from kubedevice.kubelet.endpoint import DialError, PluginEndpoint, dial, go_error_text
 from kubedevice.kubelet.events import EventLog
+from kubedevice.kubelet.sockets import serve_grpc, stop_grpc
 from kubedevice.kubelet.types import PluginOptions, RegistrationEvent
 
 __all__ = [
@@ -111,27 +112,15 @@ class RegistrationServer:
 
     async def start(self) -> None:
         """Bind and serve."""
-        server = aio.server()
-        dp_grpc.add_RegistrationServicer_to_server(_Servicer(self), server)
-        old_umask = os.umask(0o177)
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-            await server.start()
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.socket_path, 0o600)
-        self._server = server
+        self._server = await serve_grpc(
+            self.socket_path,
+            lambda server: dp_grpc.add_RegistrationServicer_to_server(_Servicer(self), server),
+        )
 
     async def stop(self) -> None:
         """Stop serving and remove the socket."""
-        if self._server is not None:
-            await self._server.stop(None)
-            self._server = None
-        try:
-            if self.socket_path.is_socket():
-                self.socket_path.unlink()
-        except OSError:
-            pass
+        server, self._server = self._server, None
+        await stop_grpc(server, self.socket_path)
 
     async def register(self, req: dp.RegisterRequest) -> str | None:
         """Handle one Register; returns the error text or None."""

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import KubeDeviceError
 from kubedevice.plugin.base import DevicePlugin
 from kubedevice.plugin.server import PluginServer
+from kubedevice.signals import stop_on_signals
 
 __all__ = ["main", "run", "serve"]
 
@@ -82,10 +82,7 @@ def run(
 
     async def _main() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
+        with stop_on_signals(stop):
             await serve(
                 *plugins,
                 device_plugin_dir=device_plugin_dir,
@@ -93,9 +90,6 @@ def run(
                 metrics_address=metrics_address,
                 **server_options,
             )
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
 
     asyncio.run(_main())
     return 0

@@ -1,0 +1,53 @@
+"""The emulator's Unix sockets: created mode 0600, and only sockets are ever removed.
+
+Shared by the Registration, PodResources and control servers so that every socket the
+emulator owns follows the same rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from grpc import aio
+
+__all__ = ["private_umask", "remove_socket", "serve_grpc", "stop_grpc"]
+
+
+@contextlib.contextmanager
+def private_umask() -> Iterator[None]:
+    """Sockets bound inside are created mode 0600 (no window where others can connect)."""
+    old = os.umask(0o177)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def remove_socket(path: Path) -> None:
+    """Remove ``path`` if, and only if, it is a socket; never a regular file or directory."""
+    with contextlib.suppress(OSError):
+        if path.is_socket():
+            path.unlink()
+
+
+async def serve_grpc(path: Path, add_servicers: Callable[[aio.Server], None]) -> aio.Server:
+    """Serve a new ``grpc.aio`` server on the Unix socket ``path`` (a stale socket is replaced)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_socket(path)
+    server = aio.server()
+    add_servicers(server)
+    with private_umask():
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+    os.chmod(path, 0o600)
+    return server
+
+
+async def stop_grpc(server: aio.Server | None, path: Path) -> None:
+    """Stop ``server`` at once (if any) and remove its socket."""
+    if server is not None:
+        await server.stop(None)
+    remove_socket(path)
