@@ -207,8 +207,8 @@ class _Runtime:
             await server.stop(None)
             raise
         self._bound_ino = _inode(path)
+        self._grpc = server  # before the await: a cancelled start still gets stopped
         await server.start()
-        self._grpc = server
         self._phase = _Phase.SERVING
         log.info("serving on %s", path, extra=self.extra)
 
