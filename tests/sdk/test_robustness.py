@@ -368,3 +368,29 @@ async def test_reregistrations_are_counted(kubelet: KubeletDouble, sock_dir: Pat
         assert (
             metrics.registry.get_sample_value("kubedevice_plugin_reregistrations_total", lbl) == 1
         )
+
+
+class ChmoddingKubelet(KubeletDouble):
+    """Changes kubelet.sock's mode while a Register call is in flight (ctime changes)."""
+
+    async def _register(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        os.chmod(self.socket, 0o660)
+        return await super()._register(request, context)
+
+
+async def test_kubelet_socket_chmod_is_not_a_kubelet_restart(
+    sock_dir: Path, server: kubedevice.PluginServer
+) -> None:
+    kubelet = ChmoddingKubelet(sock_dir)
+    await kubelet.start()
+    try:
+        plugin = StaticPlugin(devs(1))
+        await server.add(plugin)
+        await server.wait_registered(RES, timeout=10)
+        plugin.update(devs(2))
+        assert len(await kubelet.wait_list(RES, lambda lst: len(lst) == 2)) == 2
+        # A second Register to the same kubelet would disconnect us on kubelets 1.25-1.36.
+        assert server.registration_count(RES) == 1
+        assert len(kubelet.registrations) == 1
+    finally:
+        await kubelet.stop()
