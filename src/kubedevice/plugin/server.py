@@ -69,12 +69,18 @@ def _answers(path: Path) -> bool:
 
 
 def _inode(path: Path) -> tuple[int, int, int] | None:
-    """Identity of the socket at ``path`` (inode numbers alone are reused), or None."""
+    """Identity of the socket at ``path``, or None if there is no socket.
+
+    Device and inode number, plus the modification time because inode numbers are reused.
+    Not the change time: chmod, chown, an SELinux relabel or a rename change that, and
+    mistaking one for a re-created ``kubelet.sock`` means a second Register to the same
+    kubelet, which released kubelets answer by dropping us (kubernetes#121994).
+    """
     try:
         st = path.lstat()
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns) if stat.S_ISSOCK(st.st_mode) else None
 
 
 class _Runtime:
