@@ -20,7 +20,3 @@ def test_docs_list_every_case_with_its_level_in_order() -> None:
 
 def test_every_case_has_a_fixture_flag_that_fails_it() -> None:
     assert set(BROKEN.values()) == {c.id for c in CASES}
-
-
-def test_case_ids_are_unique() -> None:
-    assert len({c.id for c in CASES}) == len(CASES)

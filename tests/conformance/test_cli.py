@@ -82,3 +82,17 @@ def test_usage_errors_exit_2(sock_dir: Path) -> None:
     proc = _run("--", str(sock_dir / "no-such-plugin"), log=sock_dir / "p.log")
     assert proc.returncode == 2
     assert "cannot start plugin command" in proc.stderr
+
+
+def test_misspelt_option_is_a_usage_error_not_the_command(sock_dir: Path) -> None:
+    proc = _run("--timout", "5", "--", *fixture_cmd(), log=sock_dir / "p.log")
+    assert proc.returncode == 2
+    assert "No such option '--timout'" in proc.stderr
+
+
+def test_command_options_after_the_command_need_no_separator(sock_dir: Path) -> None:
+    # Everything after the first word of COMMAND belongs to the plugin, even without `--`.
+    cmd = fixture_cmd("--accept-unknown-ids")
+    proc = _run("--timeout", "10", *cmd, log=sock_dir / "p.log")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^FAIL\s+SHOULD\s+allocate-unknown-refused\[", proc.stdout, re.MULTILINE)

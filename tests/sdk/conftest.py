@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -30,6 +31,13 @@ async def server(sock_dir: Path) -> AsyncIterator[kubedevice.PluginServer]:
         sock_dir, stream_grace=0.2, backoff_initial=0.01, backoff_max=0.2
     ) as srv:
         yield srv
+    # Stopped: none of its sockets, final or temporary, is left behind.
+    left = [
+        p.name
+        for p in sock_dir.iterdir()
+        if stat.S_ISSOCK(p.lstat().st_mode) and p.name.startswith((".kd-", "example.com-"))
+    ]
+    assert not left, f"sockets left behind: {left}"
 
 
 @pytest.fixture
@@ -48,10 +56,17 @@ async def stub_for(server: kubedevice.PluginServer) -> AsyncIterator[object]:
 
 @pytest.fixture(autouse=True)
 async def _no_leaked_tasks() -> AsyncIterator[None]:
-    """Every task a test's servers and plugins started is gone when the test ends."""
+    """Every task a test's servers and plugins started is gone when the test ends.
+
+    gRPC finishes its own per-RPC tasks a moment after a server stops or a channel
+    closes, so pending tasks get a bounded wait to end on their own; one still pending
+    after it is a leak.
+    """
     before = asyncio.all_tasks()
     yield
-    left = [
+    left = {
         t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
-    ]
+    }
+    if left:
+        _, left = await asyncio.wait(left, timeout=5)
     assert not left, f"leaked tasks: {[t.get_name() for t in left]}"

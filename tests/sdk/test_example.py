@@ -35,11 +35,19 @@ async def test_minimal_example_runs_and_stops_on_sigterm(
             req.container_requests.add(devices_ids=["counter-1", "counter-3"])
             resp = await dp_grpc.DevicePluginStub(channel).Allocate(req)
         assert dict(resp.container_responses[0].envs) == {"COUNTER": "1,3"}
+        # The double records the Register before the plugin reads the reply: wait for the
+        # plugin to say it is registered, so that SIGTERM does not race it.
+        seen = b""
+        assert proc.stderr is not None
+        while b"registered with the kubelet" not in seen:
+            line = await asyncio.wait_for(proc.stderr.readline(), 30)
+            assert line, seen.decode()
+            seen += line
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode == 0, stderr.decode()
+        assert proc.returncode == 0, (seen + stderr).decode()
         assert not sock.exists()
-        assert b"registered with the kubelet" in stderr
+        assert b"stopped" in stderr
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -19,7 +19,7 @@ from kubelet_double import KubeletDouble
 from sdk_helpers import StaticPlugin, log_event
 
 import kubedevice
-from kubedevice._api import KUBELET_SOCKET, dp
+from kubedevice._api import KUBELET_SOCKET, dp, dp_grpc
 from kubedevice.plugin.registration import Backoff
 
 RES = "example.com/dev"
@@ -29,7 +29,8 @@ def devs(n: int) -> list[kubedevice.Device]:
     return [kubedevice.Device(id=f"d{i}") for i in range(n)]
 
 
-async def test_device_plugin_dir_deleted_and_recreated(sock_dir: Path) -> None:
+@pytest.mark.parametrize("how", ["deleted", "moved-away"])
+async def test_device_plugin_dir_deleted_and_recreated(sock_dir: Path, how: str) -> None:
     dp_dir = sock_dir / "dp"
     dp_dir.mkdir()
     kubelet = KubeletDouble(dp_dir)
@@ -42,7 +43,10 @@ async def test_device_plugin_dir_deleted_and_recreated(sock_dir: Path) -> None:
             await server.wait_registered(RES, timeout=10)
             await kubelet.stop()
             with log_event("watching it again") as rewatched, log_event("serving on") as serving:
-                shutil.rmtree(dp_dir)
+                if how == "deleted":
+                    shutil.rmtree(dp_dir)
+                else:
+                    dp_dir.rename(sock_dir / "old")
                 dp_dir.mkdir()
                 await asyncio.wait_for(rewatched.wait(), 10)
                 # The plugin serves in the new directory before any kubelet is there...
@@ -394,3 +398,110 @@ async def test_kubelet_socket_chmod_is_not_a_kubelet_restart(
         assert len(kubelet.registrations) == 1
     finally:
         await kubelet.stop()
+
+
+class ExitingHooks(kubedevice.DevicePlugin):
+    """Hooks that raise SystemExit, as a library called inside a hook might."""
+
+    resource_name = RES
+
+    async def devices(self) -> AsyncIterator[Sequence[kubedevice.Device]]:
+        yield devs(2)
+        raise SystemExit(3)
+
+    async def allocate(self, devices: Sequence[kubedevice.Device]) -> kubedevice.AllocateResult:
+        raise SystemExit(4)
+
+    async def pre_start(self, devices: Sequence[kubedevice.Device]) -> None:
+        raise SystemExit(5)
+
+    async def preferred_allocation(
+        self,
+        available: Sequence[kubedevice.Device],
+        must_include: Sequence[kubedevice.Device],
+        size: int,
+    ) -> Sequence[str]:
+        raise SystemExit(6)
+
+
+async def test_hooks_raising_system_exit_do_not_kill_the_daemon(
+    server: kubedevice.PluginServer, stub_for: Any
+) -> None:
+    with log_event("the device source failed") as source_failed:
+        await server.add(ExitingHooks())
+        await asyncio.wait_for(source_failed.wait(), 10)
+    stub = stub_for(RES)
+    req = dp.AllocateRequest()
+    req.container_requests.add(devices_ids=["d0"])
+    for _ in range(2):  # the daemon answers again after a failure
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Allocate(req)
+        assert err.value.code() is grpc.StatusCode.INTERNAL
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=["d0"]))
+    assert err.value.code() is grpc.StatusCode.INTERNAL
+    preq = dp.PreferredAllocationRequest()
+    preq.container_requests.add(available_deviceIDs=["d0", "d1"], allocation_size=1)
+    resp = await stub.GetPreferredAllocation(preq)
+    assert list(resp.container_responses[0].deviceIDs) == ["d0"]
+
+
+class BadPreference(StaticPlugin):
+    async def preferred_allocation(
+        self,
+        available: Sequence[kubedevice.Device],
+        must_include: Sequence[kubedevice.Device],
+        size: int,
+    ) -> Sequence[str]:
+        return ["nope", "d0", "d0"]
+
+
+async def test_repaired_preferred_answer_is_logged(
+    server: kubedevice.PluginServer, stub_for: Any
+) -> None:
+    await server.add(BadPreference(devs(3)))
+    req = dp.PreferredAllocationRequest()
+    req.container_requests.add(
+        available_deviceIDs=["d0", "d1", "d2"], must_include_deviceIDs=["d2"], allocation_size=2
+    )
+    with log_event("broke the invariants") as repaired:
+        resp = await stub_for(RES).GetPreferredAllocation(req)
+    assert list(resp.container_responses[0].deviceIDs) == ["d2", "d0"]
+    assert repaired.is_set()
+
+
+async def test_kubelet_stream_closed_while_another_client_streams_reregisters(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer, stub_for: Any
+) -> None:
+    # A monitoring tool watching our socket must not hide that the kubelet dropped us.
+    await server.add(StaticPlugin(devs(1)))
+    await server.wait_registered(RES, timeout=10)
+    monitor = stub_for(RES).ListAndWatch(dp.Empty())
+    assert [d.ID for d in (await monitor.read()).devices] == ["d0"]
+    await kubelet.close_stream(RES)
+    await server.wait_registered(RES, count=2, timeout=10)
+    assert len(await kubelet.wait_registrations(2)) == 2
+    monitor.cancel()
+
+
+async def test_a_probe_stream_closing_is_not_the_kubelet_leaving(
+    kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    # Another client's stream ends while the kubelet's stays open: no re-registration.
+    # With no grace at all, a watchdog that took the probe for the kubelet would restart
+    # before the two update round trips below complete.
+    async with kubedevice.PluginServer(sock_dir, stream_grace=0.0) as server:
+        plugin = StaticPlugin(devs(1))
+        await server.add(plugin)
+        await server.wait_registered(RES, timeout=10)
+        async with grpc.aio.insecure_channel(f"unix://{server.socket_path(RES)}") as channel:
+            probe = dp_grpc.DevicePluginStub(channel).ListAndWatch(dp.Empty())
+            await probe.read()
+            with log_event("ListAndWatch stream closed") as closed:
+                probe.cancel()
+                await asyncio.wait_for(closed.wait(), 10)
+        for n in (2, 3):
+            plugin.update(devs(n))
+            assert len(await kubelet.wait_list(RES, lambda lst, n=n: len(lst) == n)) == n
+        assert server.registration_count(RES) == 1
+        assert len(kubelet.registrations) == 1

@@ -21,7 +21,9 @@ __all__ = ["COMMANDS", "conformance"]
 
 
 @click.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    # Option parsing stops at the first word of COMMAND, so the plugin's own flags need no
+    # `--`; a misspelt option of ours before it is still an error, not a command.
+    context_settings={"allow_interspersed_args": False},
 )
 @click.option(
     "--timeout",

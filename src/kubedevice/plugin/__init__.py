@@ -20,14 +20,16 @@ Behaviour choices:
 * The plugin registers only once it has a first device list, so the kubelet's first
   ListAndWatch message is immediate.
 * Re-registration triggers: our socket deleted, ``kubelet.sock`` re-created (identity by
-  device, inode and mtime; not ctime, which a chmod changes), and "the kubelet closed our
-  last ListAndWatch stream and did not open one within ``stream_grace`` (1 s) while
-  ``kubelet.sock`` still exists". A real kubelet
-  opens exactly one stream per registration and never reopens it: a closed stream with
-  the kubelet still there means it dropped us (e.g. kubernetes#121994 after a rolling
-  update), and only a new Register brings the resource back. When the kubelet shuts
-  down, ``kubelet.sock`` goes away and we wait for it to come back instead.
-* Sockets are bound under a temporary name and renamed into place, so they appear with
+  device, inode and mtime; not ctime, which a chmod changes), and "the kubelet closed its
+  ListAndWatch stream and did not open another within ``stream_grace`` (1 s) while
+  ``kubelet.sock`` still exists". The kubelet's stream is the first one opened after our
+  Register call started; streams of other clients (monitoring, the conformance kit's
+  probes) neither trigger this nor hide it. A real kubelet opens exactly one stream per
+  registration and never reopens it: a closed stream with the kubelet still there means
+  it dropped us (e.g. kubernetes#121994 after a rolling update), and only a new Register
+  brings the resource back. When the kubelet shuts down, ``kubelet.sock`` goes away and
+  we wait for it to come back instead.
+* Sockets are bound under a temporary name and hard-linked into place, so they appear with
   mode 0600 at once and gRPC's unlink-by-path at shutdown never removes a socket another
   process has put at our path since. A socket found at our path is replaced when it is
   stale; a live one (another instance, e.g. during a rolling update) is taken over by

@@ -32,7 +32,7 @@ from kubedevice.plugin.config import (
     validate_socket_name,
 )
 from kubedevice.plugin.registration import Backoff, register
-from kubedevice.plugin.servicer import DeviceTable, make_handler
+from kubedevice.plugin.servicer import HOOK_ERRORS, DeviceTable, make_handler
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class _Phase(enum.Enum):
 
 
 _TMP_NAMES = itertools.count()
+_NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK)
 
 
 def _answers(path: Path) -> bool:
@@ -109,6 +110,9 @@ class _Runtime:
         self._grpc: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stream_timer: asyncio.TimerHandle | None = None
+        #: Id of the ListAndWatch stream taken to be the kubelet's: the first one opened
+        #: after our Register call started (a kubelet opens exactly one per registration).
+        self._kubelet_stream = 0
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -153,10 +157,10 @@ class _Runtime:
     async def _bind_and_start(self, *, take_over: bool) -> None:
         """Bind a fresh socket (mode 0600) and serve on it.
 
-        gRPC binds under a temporary name that is renamed into place, so the socket
-        appears at its path atomically with its final mode, and gRPC's own unlink at
-        shutdown (by path) hits the temporary name, never a socket someone else has put
-        at our path since.
+        gRPC binds under a temporary name that is hard-linked into place (then dropped),
+        so the socket appears at its path atomically with its final mode, nothing that
+        appeared at the path meanwhile is replaced, and gRPC's own unlink at shutdown (by
+        path) hits the temporary name, never a socket someone else has put at our path.
 
         Args:
             take_over: Replace a socket that still answers (another instance of this
@@ -171,11 +175,13 @@ class _Runtime:
                     f"socket path {candidate} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
                     "use a shorter device plugin directory or socket name"
                 )
+        replace = False
         try:
             st = path.lstat()
         except FileNotFoundError:
             pass
         else:
+            replace = True
             if not stat.S_ISSOCK(st.st_mode):
                 raise PluginServerError(f"{path} exists and is not a socket; refusing to remove it")
             if _answers(path):
@@ -190,7 +196,6 @@ class _Runtime:
             else:
                 log.info("replacing stale socket", extra=self.extra)
         self.table.closed = False
-        self.table.streams_served = 0
         server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
         server.add_generic_rpc_handlers(
             (make_handler(self.plugin, self.table, self.server.metrics),)
@@ -206,12 +211,26 @@ class _Runtime:
             raise PluginServerError(f"cannot listen on {path}")
         try:
             os.chmod(tmp, 0o600)
-            os.rename(tmp, path)
-        except OSError:
+            if replace and _inode(path) is not None:  # still a socket: remove it, nothing else
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            # link, not rename: whatever appeared at the path meanwhile is never replaced.
+            try:
+                os.link(tmp, path)
+            except OSError as exc:
+                if exc.errno not in _NO_HARD_LINKS:
+                    raise
+                os.rename(tmp, path)  # a file system without hard links
+        except OSError as exc:
+            await server.stop(None)
+            if exc.errno == errno.EEXIST:
+                raise PluginServerError(
+                    f"{path} appeared while we were binding; refusing to replace it"
+                ) from exc
+            raise
+        finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-            await server.stop(None)
-            raise
         self._bound_ino = _inode(path)
         self._grpc = server  # before the await: a cancelled start still gets stopped
         await server.start()
@@ -237,7 +256,7 @@ class _Runtime:
                 self.table.publish(snapshot)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except HOOK_ERRORS:
             log.exception(
                 "the device source failed; keeping the last device list", extra=self.extra
             )
@@ -287,6 +306,7 @@ class _Runtime:
                     waiting_logged = True
                 await self._wait(self._kubelet_changed, None)
                 continue
+            baseline = self.table.streams_served
             reg = asyncio.ensure_future(
                 register(
                     self.kubelet_socket,
@@ -324,10 +344,14 @@ class _Runtime:
             log.info("registered with the kubelet (registration #%d)", self.count, extra=self.extra)
             # kubelet.sock may have been re-created, our socket removed or the kubelet's
             # stream closed while the call was in flight.
+            self._kubelet_stream = baseline + 1
             self.on_kubelet_event()
             self.on_socket_event()
-            if self.table.streams_served:
-                self._stream_closed()
+            if (
+                self.table.streams_served >= self._kubelet_stream
+                and self._kubelet_stream not in self.table.open_ids
+            ):
+                self._stream_closed(self._kubelet_stream)
             return True
         return False
 
@@ -360,27 +384,40 @@ class _Runtime:
             if ino is not None and ino != self._kubelet_ino:
                 self._request_restart(f"{self.kubelet_socket} was re-created (kubelet restart)")
 
-    def _stream_closed(self) -> None:
-        if self._phase is not _Phase.REGISTERED or self.table.open_streams:
+    def _stream_closed(self, sid: int) -> None:
+        """A ListAndWatch stream ended; if it was the kubelet's, start the grace timer.
+
+        Other clients' streams (monitoring tools, the conformance kit's probes) neither
+        start it nor, while they stay open, hide that the kubelet's stream ended.
+        """
+        if self._phase is not _Phase.REGISTERED or sid != self._kubelet_stream:
             return
         self._cancel_stream_timer()
-        count = self.count
         self._stream_timer = asyncio.get_running_loop().call_later(
-            self.server.stream_grace, self._stream_grace_over, count
+            self.server.stream_grace,
+            self._stream_grace_over,
+            self.count,
+            sid,
+            self.table.streams_served,
         )
 
-    def _stream_grace_over(self, count: int) -> None:
+    def _stream_grace_over(self, count: int, sid: int, served_at_close: int) -> None:
         self._stream_timer = None
         if (
-            self._phase is _Phase.REGISTERED
-            and self.count == count
-            and not self.table.open_streams
-            and _inode(self.kubelet_socket) is not None
+            self._phase is not _Phase.REGISTERED
+            or self.count != count
+            or self._kubelet_stream != sid
+            or _inode(self.kubelet_socket) is None
         ):
-            self._request_restart(
-                "the kubelet closed our ListAndWatch stream and did not reopen it while "
-                f"{self.kubelet_socket} still exists; registering again"
-            )
+            return
+        reopened = sorted(i for i in self.table.open_ids if i > served_at_close)
+        if reopened:  # the kubelet came back on a new stream: follow that one
+            self._kubelet_stream = reopened[0]
+            return
+        self._request_restart(
+            "the kubelet closed our ListAndWatch stream and did not reopen it while "
+            f"{self.kubelet_socket} still exists; registering again"
+        )
 
     def _cancel_stream_timer(self) -> None:
         if self._stream_timer is not None:

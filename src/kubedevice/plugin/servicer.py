@@ -24,11 +24,16 @@ if TYPE_CHECKING:
     from kubedevice.plugin.base import DevicePlugin
     from kubedevice.plugin.metrics import PluginMetrics
 
-__all__ = ["SERVICE_NAME", "DeviceTable", "encode_devices", "make_handler"]
+__all__ = ["HOOK_ERRORS", "SERVICE_NAME", "DeviceTable", "encode_devices", "make_handler"]
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "v1beta1.DevicePlugin"
+
+#: What a failing hook may raise without taking the daemon down. SystemExit too: a library
+#: called inside a hook may raise it, and it would end the event loop with the sockets
+#: left behind. A cancellation is never caught.
+HOOK_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit, KeyboardInterrupt)
 
 _HEALTH_WIRE = {Health.HEALTHY: "Healthy", Health.UNHEALTHY: "Unhealthy"}
 
@@ -77,11 +82,14 @@ class DeviceTable:
         self.encoded: bytes | None = None
         self.generation = 0
         self.open_streams = 0
-        #: Streams opened since the socket was (re)bound; reset by the server.
+        #: Streams opened so far; the n-th stream has the id n.
         self.streams_served = 0
+        #: Ids of the streams open now.
+        self.open_ids: set[int] = set()
         self.closed = False
         self.max_message_bytes = max_message_bytes
-        self.on_stream_closed: Callable[[], None] | None = None
+        #: Called with the stream's id when a stream ends.
+        self.on_stream_closed: Callable[[int], None] | None = None
         self._metrics = metrics
         self._changed = asyncio.Event()
         self._first = asyncio.Event()
@@ -164,6 +172,8 @@ class DeviceTable:
         """
         self.open_streams += 1
         self.streams_served += 1
+        sid = self.streams_served
+        self.open_ids.add(sid)
         if self._metrics is not None:
             self._metrics.streams(self.resource, self.open_streams)
         last = 0
@@ -177,10 +187,12 @@ class DeviceTable:
                 await write(data)
         finally:
             self.open_streams -= 1
+            self.open_ids.discard(sid)
             if self._metrics is not None:
                 self._metrics.streams(self.resource, self.open_streams)
+            log.debug("ListAndWatch stream closed", extra={"resource": self.resource})
             if self.on_stream_closed is not None:
-                self.on_stream_closed()
+                self.on_stream_closed(sid)
 
 
 async def _abort(
@@ -300,7 +312,7 @@ class _Servicer:
                         f"allocate() returned {type(result).__name__}, expected "
                         "ContainerAllocation or kubedevice.DEFAULT"
                     )
-            except Exception as exc:
+            except HOOK_ERRORS as exc:
                 log.exception("allocate hook failed", extra=self._extra)
                 return grpc.StatusCode.INTERNAL, f"allocate hook failed: {exc!r}"
             _fill_response(resp.container_responses.add(), result)
@@ -330,7 +342,7 @@ class _Servicer:
                     raise TypeError(
                         f"preferred_allocation() must return device IDs, got {answer!r}"
                     )
-            except Exception:
+            except HOOK_ERRORS:
                 log.exception(
                     "preferred_allocation hook failed; answering with the default policy",
                     extra=self._extra,
@@ -369,7 +381,7 @@ class _Servicer:
             )
         try:
             await self.plugin.pre_start([by_id[i] for i in request.devices_ids])
-        except Exception as exc:
+        except HOOK_ERRORS as exc:
             log.exception("pre_start hook failed", extra=self._extra)
             await _abort(context, grpc.StatusCode.INTERNAL, f"pre_start hook failed: {exc!r}")
         return dp.PreStartContainerResponse()

@@ -130,8 +130,11 @@ class DirWatcher:
                 ancestor = ancestor.parent
             try:
                 guard = self._inotify.add_watch(ancestor, _ANCESTOR_MASK)
-            except OSError:
-                continue  # the ancestor went away too: look again
+            except OSError as exc:
+                if exc.errno in _MISSING:
+                    continue  # the ancestor went away too: look again
+                log.error("cannot watch %s for %s any more: %s", ancestor, self.directory, exc)
+                return False
             try:
                 # Armed now; the directory may have appeared just before.
                 if not self.directory.is_dir():
