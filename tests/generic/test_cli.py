@@ -120,3 +120,22 @@ async def test_run_registers_reloads_on_sighup_and_exits_0_on_sigterm(
     log = (await proc.stderr.read()).decode()
     assert "config reloaded" in log
     assert not (sock_dir / "example.com-serial.sock").exists()
+
+
+async def test_run_with_bad_metrics_address_exits_2(host: FakeHost, sock_dir: Path) -> None:
+    good = host.root / "good.yaml"
+    good.write_text(yaml.safe_dump(_doc(host, "/dev/ttyUSB*")))
+    code, out = await _exec(
+        "run",
+        "--config",
+        str(good),
+        "--device-plugin-dir",
+        str(sock_dir),
+        "--metrics-address",
+        "localhost:http",
+    )
+    assert code == 2
+    assert out.splitlines()[-1] == (
+        "error: metrics address: expected HOST:PORT with a port 0-65535 (got 'localhost:http')"
+    )
+    assert "Traceback" not in out

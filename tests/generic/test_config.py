@@ -14,6 +14,15 @@ from kubedevice.generic.config import Config
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+def _generic_examples() -> list[Path]:
+    """``examples/*.yaml`` except Kubernetes manifests (``apiVersion:``), e.g. pod specs."""
+    return [
+        p
+        for p in sorted(EXAMPLES.glob("*.yaml"))
+        if "\napiVersion:" not in "\n" + p.read_text(encoding="utf-8")
+    ]
+
+
 def _res(**group: Any) -> dict[str, Any]:
     g: dict[str, Any] = {"paths": [{"path": "/dev/x"}]}
     g.update(group)
@@ -185,14 +194,27 @@ BAD: list[tuple[str, Any, str]] = [
         "and ending alphanumeric (got '-bad')",
     ),
     (
+        "check-argv-unknown-var",
+        _res(health={"command": {"argv": ["check", "{ids}"]}}),
+        "c.yaml: resources[0].groups[0].health.command.argv[1]: unknown template variable {ids}; "
+        "expected one of {id}, {name}, {path}",
+    ),
+    (
+        "annotation-unknown-var",
+        _res(annotations={"example.com/a": "{nope}"}),
+        "c.yaml: resources[0].groups[0].annotations.example.com/a: unknown template variable "
+        "{nope}; expected one of {count}, {devices}, {hostPaths}, {ids}, {paths}, {resource}",
+    ),
+    (
         "optional-primary",
         _res(paths=[{"path": "/dev/x", "optional": True}]),
-        "c.yaml: resources[0].groups[0]: paths[0] is the per-device path and cannot be optional",
+        "c.yaml: resources[0].groups[0].paths[0].optional: must be false: with perMatch, "
+        "paths[0] is the per-device path",
     ),
     (
         "shared-glob-container-path",
         _res(perMatch=False, paths=[{"path": "/dev/video*", "containerPath": "/dev/video"}]),
-        "c.yaml: resources[0].groups[0]: paths[0].containerPath must contain {name} because the "
+        "c.yaml: resources[0].groups[0].paths[0].containerPath: must contain {name} because the "
         "glob can match several nodes of one device",
     ),
     (
@@ -353,6 +375,59 @@ def test_yaml_syntax_error(tmp_path: Path) -> None:
     assert str(info.value).startswith(f"{path}: invalid YAML at line 3, column 1: ")
 
 
+def test_yaml_duplicate_key_is_refused(tmp_path: Path) -> None:
+    # PyYAML would silently keep the second 'resources' list and drop the first.
+    path = tmp_path / "c.yaml"
+    group = "    groups: [{paths: [{path: /dev/a}]}]\n"
+    path.write_text(
+        "version: v1\nresources:\n  - name: example.com/a\n"
+        + group
+        + "resources:\n  - name: example.com/b\n"
+        + group
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: invalid YAML at line 5, column 1: duplicate key 'resources'"
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "version: v1\nresources:\n  - name: example.com/a\n    groups:\n"
+        "      - &base {paths: [{path: /dev/a}], count: 2}\n"
+        "      - {<<: *base, name: b, count: 3}\n"
+    )
+    cfg = load_config(path)
+    assert [g.count for g in cfg.resources[0].groups] == [2, 3]
+
+
+def test_non_utf8_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"version: v1\n\xff\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: not UTF-8 text: invalid byte at offset 12"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        pytest.param(
+            {**_res(), 1: 2}, "c.yaml: (top level): key 1 must be a string", id="top-level"
+        ),
+        pytest.param(
+            _res(envs={1: "x"}),
+            "c.yaml: resources[0].groups[0].envs: key 1 must be a string",
+            id="envs",
+        ),
+    ],
+)
+def test_non_string_keys(data: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "c.yaml")
+    assert str(info.value) == message
+
+
 def test_empty_and_missing_file(tmp_path: Path) -> None:
     empty = tmp_path / "e.yaml"
     empty.write_text("")
@@ -390,7 +465,7 @@ def test_with_roots_overrides() -> None:
     assert cfg.with_roots().dev_root == "/dev"
 
 
-@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("example", _generic_examples(), ids=lambda p: p.name)
 def test_examples_are_valid(example: Path) -> None:
     assert isinstance(load_config(example), Config)
 

@@ -287,3 +287,76 @@ def test_whole_group_of_absent_optional_paths_is_not_offered(host: FakeHost) -> 
     assert _scan(host, res)["a.com/o"] == []
     host.add_char_device("/dev/x1")
     assert _ids(_scan(host, res), "a.com/o") == ["o"]
+
+
+def test_limit_keeps_devices_already_offered(host: FakeHost) -> None:
+    # A device that appears later (and sorts first) must not displace one already
+    # advertised, which may be allocated; the limit still holds.
+    host.add_char_device("/dev/ttyS1")
+    host.add_char_device("/dev/ttyS2")
+    scanner = Scanner(
+        _cfg(
+            host,
+            {"name": "a.com/one", "limit": 2, "groups": [{"paths": [{"path": "/dev/ttyS*"}]}]},
+            {"name": "a.com/rest", "groups": [{"paths": [{"path": "/dev/ttyS*"}]}]},
+        )
+    )
+    assert _ids(scanner.scan(), "a.com/one") == ["ttyS1", "ttyS2"]
+    host.add_char_device("/dev/ttyS0")
+    found = scanner.scan()
+    assert _ids(found, "a.com/one") == ["ttyS1", "ttyS2"]
+    assert _ids(found, "a.com/rest") == ["ttyS0"]
+    host.remove("/dev/ttyS2")  # a slot frees up: the next device in discovery order
+    found = scanner.scan()
+    assert _ids(found, "a.com/one") == ["ttyS0", "ttyS1"]
+    assert _ids(found, "a.com/rest") == []
+
+
+def test_watch_dirs_resolve_symlinked_directories(host: FakeHost) -> None:
+    # inotify does not follow a symlinked directory (DONT_FOLLOW): watch its target, and
+    # the directory holding the link so that replacing the link is seen.
+    host.add_char_device("/dev/gpu/renderD128")
+    host.symlink("/dev/dri", "gpu")
+    cfg = _cfg(host, {"name": "a.com/r", "groups": [{"paths": [{"path": "/dev/dri/renderD*"}]}]})
+    dev = str(host.dev_root)
+    assert watch_dirs(cfg) == {f"{dev}/gpu", dev}
+    host.remove("/dev/dri")
+    host.symlink("/dev/dri", str(host.root / "elsewhere"))
+    (host.root / "elsewhere").mkdir()
+    assert watch_dirs(cfg) == {dev}  # the target is outside devRoot: only the link's dir
+
+
+def test_directory_and_sysfs_symlinks_out_of_the_roots_are_not_followed(host: FakeHost) -> None:
+    outside = host.root / "outside"
+    (outside / "dri").mkdir(parents=True)
+    (outside / "dri" / "renderD128").touch()
+    (outside / "usb").mkdir()
+    for attr, value in {"idVendor": "0403", "idProduct": "6001", "busnum": "1"}.items():
+        (outside / "usb" / attr).write_text(value + "\n")
+    (outside / "usb" / "devnum").write_text("9\n")
+    (outside / "numa_node").write_text("1\n")
+    # a directory symlink in the glob path
+    host.symlink("/dev/dri", str(outside / "dri"))
+    # a whole USB sysfs entry outside sysRoot
+    links = host.sys_root / "bus" / "usb" / "devices"
+    links.mkdir(parents=True)
+    (links / "1-9").symlink_to(outside / "usb")
+    host.add_char_device("/dev/bus/usb/001/009")
+    # a USB device inside sysRoot whose idVendor attribute is a link out of it
+    name = host.add_usb("1d6b", "0002", None, busnum=2, devnum=3)
+    vendor = host.sys_root / "bus" / "usb" / "devices" / name / "idVendor"
+    vendor.unlink()
+    vendor.symlink_to(outside / "usb" / "idVendor")
+    # a class entry whose ``device`` link (with numa_node) points out of sysRoot
+    host.add_char_device("/dev/video0")
+    (host.sys_root / "class" / "video4linux" / "video0").mkdir(parents=True)
+    (host.sys_root / "class" / "video4linux" / "video0" / "device").symlink_to(outside)
+    found = _scan(
+        host,
+        {"name": "a.com/r", "groups": [{"paths": [{"path": "/dev/dri/*"}]}]},
+        {"name": "a.com/u", "groups": [{"usb": [{"vendor": "0403"}]}]},
+        {"name": "a.com/v", "groups": [{"paths": [{"path": "/dev/video*"}]}]},
+    )
+    assert found["a.com/r"] == []
+    assert found["a.com/u"] == []
+    assert [(d.id, d.numa_node) for d in found["a.com/v"]] == [("video0", None)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 from typing import Any
 
@@ -11,6 +13,7 @@ from kubedevice.generic import FakeHost
 from kubedevice.generic.config import HealthSpec
 from kubedevice.generic.discovery import Node, PhysicalDevice
 from kubedevice.generic.health import CheckResult, run_check
+from kubedevice.generic.watcher import CONFIG_MASK, DirWatcher
 
 
 def _dev(host: FakeHost, name: str = "renderD128") -> PhysicalDevice:
@@ -86,3 +89,45 @@ async def test_sysfs_attribute_symlink_escape(host: FakeHost) -> None:
 async def test_command(host: FakeHost, argv: list[str], healthy: bool, reason: str) -> None:
     spec = _spec(command={"argv": argv, "timeoutSeconds": 0.2})
     assert await run_check(spec, _dev(host), str(host.sys_root)) == CheckResult(healthy, reason)
+
+
+async def _exited(pid: int) -> None:
+    """Wait until process ``pid`` has exited (its pidfd turns readable); no polling."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # already gone and reaped
+    gone: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: gone.done() or gone.set_result(None))
+    try:
+        await gone
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_command_children_die_with_it(host: FakeHost, how: str) -> None:
+    # A check script that leaves a child behind must not leak it at every period.
+    pidfile = host.root / "child.pid"
+    script = f"sleep 600 & echo $! > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; wait"
+    timeout = 1.5 if how == "timeout" else 60
+    spec = _spec(command={"argv": ["sh", "-c", script], "timeoutSeconds": timeout})
+    watcher = DirWatcher(CONFIG_MASK)
+    watcher.watch_exactly({str(host.root)})
+    try:
+        async with asyncio.timeout(20):
+            task = asyncio.create_task(run_check(spec, _dev(host), str(host.sys_root)))
+            while not pidfile.exists():  # written by the script: an inotify event, no polling
+                await watcher.changed()
+            child = int(pidfile.read_text())
+            if how == "cancel":
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
+                assert await task == CheckResult(False, "command sh timed out after 1.5s")
+            await _exited(child)
+    finally:
+        watcher.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from generic.gen_kubelet import KubeletDouble
-from kubedevice.errors import PluginServerError
+from kubedevice.errors import ConfigError, PluginServerError
 from kubedevice.generic import FakeHost, GenericPlugins, parse_config
 
 SERIAL = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}
@@ -322,3 +323,227 @@ async def test_command_health_check(host: FakeHost, kubelet: KubeletDouble, sock
         await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Unhealthy"})
         marker.touch()
         await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Healthy"})
+
+
+async def test_reload_that_keeps_the_health_check_keeps_the_result(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    # Editing envs of a health-checked group must not flap its devices to Unhealthy
+    # while the check reruns; changing the check itself does start from Unhealthy.
+    host.set_attr("/sys/class/drm/renderD128/device/enable", "1")
+    host.add_char_device("/dev/dri/renderD128")
+    check = {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"}
+    group = {
+        "paths": [{"path": "/dev/dri/renderD*"}],
+        "health": {"periodSeconds": 3600, "sysfsAttribute": check},
+    }
+    res = {"name": "example.com/render", "groups": [group]}
+    async with _plugins(host, sock_dir, res) as plugins, asyncio.timeout(10):
+        await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Healthy"})
+        edited = {"name": "example.com/render", "groups": [{**group, "envs": {"A": "{ids}"}}]}
+        await plugins.reload(parse_config(_doc(host, edited)))
+        plugin = plugins.plugin("example.com/render")
+        assert [(d.id, d.health) for d in plugin.snapshot] == [("dri-renderD128", "Healthy")]
+        new_check = {
+            **group,
+            "health": {"periodSeconds": 3600, "sysfsAttribute": {**check, "expect": "2"}},
+        }
+        await plugins.reload(parse_config(_doc(host, {**res, "groups": [new_check]})))
+        assert [(d.id, d.health) for d in plugin.snapshot] == [("dri-renderD128", "Unhealthy")]
+        await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Unhealthy"})
+    seen = [s for _t, s, _r in kubelet.plugins["example.com/render"].snapshots]
+    first_healthy = seen.index({"dri-renderD128": "Healthy"})  # before the first check: Unhealthy
+    assert seen[first_healthy:] == [{"dri-renderD128": "Healthy"}, {"dri-renderD128": "Unhealthy"}]
+
+
+async def test_hotplug_in_a_symlinked_directory(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/gpu/renderD128")
+    host.symlink("/dev/dri", "gpu")
+    res = {"name": "example.com/render", "groups": [{"paths": [{"path": "/dev/dri/renderD*"}]}]}
+    async with _plugins(host, sock_dir, res), asyncio.timeout(10):
+        await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Healthy"})
+        host.add_char_device("/dev/gpu/renderD129")
+        await kubelet.wait("example.com/render", lambda s: len(s) == 2)
+        host.remove("/dev/dri")  # the link goes: so do its devices
+        await kubelet.wait("example.com/render", lambda s: s == {})
+
+
+async def test_usb_node_before_sysfs_on_a_new_bus(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    # /dev/bus/usb/003 does not exist at start; the node appears before its sysfs entry.
+    res = {"name": "example.com/ftdi", "groups": [{"usb": [{"vendor": "0403"}]}]}
+    host.add_usb("1d6b", "0002", None, busnum=1, devnum=1, name="usb1")  # a hub: not matched
+    async with _plugins(host, sock_dir, res), asyncio.timeout(10):
+        await kubelet.wait("example.com/ftdi", lambda s: s == {})
+        host.add_char_device("/dev/bus/usb/003/007")
+        host.add_usb("0403", "6001", "Z", busnum=3, devnum=7)
+        await kubelet.wait("example.com/ftdi", lambda s: s == {"usb-0403-6001-Z": "Healthy"})
+
+
+async def test_config_file_deleted_then_recreated(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    host.add_char_device("/dev/fuse")
+    path = host.root / "config.yaml"
+    path.write_text(yaml.safe_dump(_doc(host, SERIAL)))
+    fuse = {"name": "example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+    from kubedevice.generic import load_config
+
+    plugins = GenericPlugins(load_config(path), device_plugin_dir=sock_dir, config_path=path)
+    async with plugins, asyncio.timeout(10):
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Healthy"})
+        path.unlink()  # deleting the file changes nothing
+        with path.open("w") as f:  # re-created and written in place
+            f.write(yaml.safe_dump(_doc(host, SERIAL, fuse)))
+        await kubelet.wait_registered("example.com/fuse")
+        await kubelet.wait("example.com/fuse", lambda s: s == {"fuse": "Healthy"})
+        assert plugins.resources == ["example.com/serial", "example.com/fuse"]
+        assert kubelet.latest("example.com/serial") == {"ttyUSB0": "Healthy"}
+
+
+async def test_returning_device_is_checked_again_before_healthy(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    # An allocated, health-checked device vanishes and comes back broken: the old
+    # (passing) result must not make it Healthy until the next period.
+    attr = "/sys/class/drm/renderD128/device/enable"
+    host.set_attr(attr, "1")
+    host.add_char_device("/dev/dri/renderD128")
+    check = {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"}
+    res = {
+        "name": "example.com/render",
+        "groups": [
+            {
+                "paths": [{"path": "/dev/dri/renderD*"}],
+                "health": {"periodSeconds": 3600, "sysfsAttribute": check},
+            }
+        ],
+    }
+    sentinel = {"name": "example.com/sentinel", "groups": [{"paths": [{"path": "/dev/s*"}]}]}
+    async with _plugins(host, sock_dir, res, sentinel) as plugins, asyncio.timeout(10):
+        await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Healthy"})
+        await kubelet.allocate("example.com/render", ["dri-renderD128"])
+        host.remove("/dev/dri/renderD128")
+        await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Unhealthy"})
+        host.set_attr(attr, "0")
+        host.add_char_device("/dev/dri/renderD128")
+        host.add_char_device("/dev/s0")  # scanned together with (or after) the node above
+        await plugins.wait_for("example.com/sentinel", lambda s: len(s) == 1)
+        render = plugins.plugin("example.com/render")
+        assert [(d.id, d.health) for d in render.snapshot] == [("dri-renderD128", "Unhealthy")]
+    seen = [s for _t, s, _r in kubelet.plugins["example.com/render"].snapshots]
+    assert seen[-1] == {"dri-renderD128": "Unhealthy"}
+
+
+async def test_stop_just_after_a_health_kick_does_not_hang(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    # On Python 3.11, asyncio.wait_for drops a cancel that arrives as its awaitable
+    # completes: the health loop then ignored stop() and slept for periodSeconds.
+    host.set_attr("/sys/class/drm/renderD128/device/enable", "1")
+    host.add_char_device("/dev/dri/renderD128")
+    check = {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"}
+    res = {
+        "name": "example.com/render",
+        "groups": [
+            {
+                "paths": [{"path": "/dev/dri/renderD*"}],
+                "health": {"periodSeconds": 3600, "sysfsAttribute": check},
+            }
+        ],
+    }
+    plugins = _plugins(host, sock_dir, res)
+    async with asyncio.timeout(10):
+        await plugins.start()
+        await plugins.wait_for("example.com/render", lambda s: s[0].health == "Healthy")
+        host.add_char_device("/dev/dri/renderD129")
+        plugins.rescan()  # a new, unchecked device kicks the health loop...
+        await plugins.stop()  # ...and the cancel lands as that kick completes its wait
+
+
+async def test_concurrent_reloads_apply_one_after_the_other(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    host.add_char_device("/dev/fuse")
+    fuse = {"name": "example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+    async with _plugins(host, sock_dir, SERIAL) as plugins, asyncio.timeout(10):
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Healthy"})
+        with_fuse = parse_config(_doc(host, SERIAL, fuse))
+        without = parse_config(_doc(host, SERIAL))
+        await asyncio.gather(plugins.reload(with_fuse), plugins.reload(without))
+        assert plugins.resources == ["example.com/serial"]
+        assert plugins.server.resource_names == ("example.com/serial",)
+        assert not (sock_dir / "example.com-fuse.sock").exists()
+
+
+@pytest.mark.parametrize("layout", ["symlinked-dir", "symlinked-file"])
+async def test_config_reached_through_a_symlink_is_watched(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path, layout: str
+) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    host.add_char_device("/dev/fuse")
+    real_dir = host.root / "etc-real"
+    real_dir.mkdir()
+    real = real_dir / "config.yaml"
+    if layout == "symlinked-dir":  # e.g. /etc/kubedevice -> /config
+        (host.root / "etc").symlink_to(real_dir)
+        path = host.root / "etc" / "config.yaml"
+    else:  # e.g. /etc/kubedevice/config.yaml -> /config/config.yaml
+        (host.root / "etc").mkdir()
+        path = host.root / "etc" / "config.yaml"
+        path.symlink_to(real)
+    real.write_text(yaml.safe_dump(_doc(host, SERIAL)))
+    fuse = {"name": "example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+    from kubedevice.generic import load_config
+
+    plugins = GenericPlugins(load_config(path), device_plugin_dir=sock_dir, config_path=path)
+    async with plugins, asyncio.timeout(10):
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB0": "Healthy"})
+        tmp = real_dir / ".config.yaml.tmp"
+        tmp.write_text(yaml.safe_dump(_doc(host, SERIAL, fuse)))
+        tmp.replace(real)
+        await plugins.wait_reloaded(1)
+        assert plugins.resources == ["example.com/serial", "example.com/fuse"]
+
+
+async def test_bad_metrics_address_is_a_clear_error(host: FakeHost, sock_dir: Path) -> None:
+    import socket
+
+    host.add_char_device("/dev/ttyUSB0")
+    cfg = parse_config(_doc(host, SERIAL))
+    bad = GenericPlugins(cfg, device_plugin_dir=sock_dir, metrics_address="nonsense")
+    with pytest.raises(ConfigError) as info:
+        await bad.start()
+    assert str(info.value) == (
+        "metrics address: expected HOST:PORT with a port 0-65535 (got 'nonsense')"
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        busy = GenericPlugins(cfg, device_plugin_dir=sock_dir, metrics_address=address)
+        with pytest.raises(PluginServerError) as err:
+            await busy.start()
+    assert str(err.value) == f"cannot serve metrics on {address}: Address already in use"
+    assert os.listdir(sock_dir) == []  # the plugin sockets were released
+
+
+async def test_cancelled_stop_still_cleans_up_and_propagates(
+    host: FakeHost, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/ttyUSB0")
+    plugins = _plugins(host, sock_dir, SERIAL)
+    async with asyncio.timeout(10):
+        await plugins.start()
+        assert os.listdir(sock_dir) == ["example.com-serial.sock"]
+        stopping = asyncio.create_task(plugins.stop())
+        await asyncio.sleep(0)  # one loop turn (a yield, not a timed wait): stop() now waits
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+    assert os.listdir(sock_dir) == []

@@ -217,7 +217,9 @@ class GroupSpec(_Model):
         if bool(self.paths) == bool(self.usb):
             raise ValueError("needs exactly one of 'paths' or 'usb'")
         if self.paths and self.per_match and self.paths[0].optional:
-            raise ValueError("paths[0] is the per-device path and cannot be optional")
+            raise ValueError(
+                "paths[0].optional: must be false: with perMatch, paths[0] is the per-device path"
+            )
         for i, spec in enumerate(self.paths):
             shared = not self.per_match or i > 0
             if (
@@ -227,7 +229,7 @@ class GroupSpec(_Model):
                 and "{name}" not in spec.container_path
             ):
                 raise ValueError(
-                    f"paths[{i}].containerPath must contain {{name}} because the glob can match "
+                    f"paths[{i}].containerPath: must contain {{name}} because the glob can match "
                     "several nodes of one device"
                 )
         return self
@@ -385,17 +387,24 @@ def _message(err: ErrorDetails) -> str:
     return f"{err['msg']} (got {_got(value)})"
 
 
-def _error_loc(err: ErrorDetails) -> tuple[int | str, ...]:
+def _error_loc(err: ErrorDetails) -> tuple[tuple[int | str, ...], str | None]:
+    """The field path of ``err``, and a message override for keys that are not strings."""
     loc = tuple(err["loc"])
-    # dict values: pydantic appends the key; keep it as a ".key" path element.
-    return loc
+    if len(loc) >= 2 and loc[-1] == "[key]":  # a dict key of the wrong type
+        return loc[:-2], f"key {loc[-2]!r} must be a string"
+    if err["type"] == "invalid_key" and loc:  # a model key of the wrong type
+        return loc[:-1], f"key {loc[-1]!r} must be a string"
+    return loc, None
 
 
 def format_validation_error(source: str, exc: ValidationError) -> str:
     """One line per error: ``<source>: <field path>: <what was expected>``."""
     lines = []
     for err in exc.errors(include_url=False):
-        loc = _error_loc(err)
+        loc, override = _error_loc(err)
+        if override is not None:
+            lines.append(f"{source}: {_loc_text(loc)}: {override}")
+            continue
         msg = _message(err)
         # model-level validators report "resources[0].name: ..." themselves.
         if err["type"] == "value_error" and re.match(r"^[A-Za-z]+[\[.][^ ]*: ", msg):
@@ -423,6 +432,31 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate mapping keys (PyYAML keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _value in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys merged in with "<<" may be overridden
+        key = loader.construct_object(key_node)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: let pydantic report it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
 def load_config(path: str | Path) -> Config:
     """Read and validate the YAML config at ``path``; errors name the file and the field."""
     source = str(path)
@@ -430,8 +464,10 @@ def load_config(path: str | Path) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text: invalid byte at offset {exc.start}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)

@@ -80,6 +80,7 @@ class Scanner:
         self.sys_root = os.path.realpath(config.sys_root)
         self._numa_cache: dict[str, int | None] = {}
         self._warned: set[str] = set()
+        self._offered: dict[str, frozenset[str]] = {}  # per resource, for ``limit``
 
     # ----------------------------------------------------------------- public
 
@@ -102,6 +103,7 @@ class Scanner:
     ) -> list[PhysicalDevice]:
         found: list[PhysicalDevice] = []
         ids: set[str] = set()
+        mine: set[str] = set()  # claims within this resource (earlier groups win)
         for index, group in enumerate(res.groups):
             max_len = MAX_ID_LENGTH - (len(f"::{group.count - 1}") if group.count > 1 else 0)
             candidates = (
@@ -110,16 +112,25 @@ class Scanner:
                 else self._path_devices(group, index, group_name(group, index), max_len)
             )
             for dev in candidates:
-                if res.limit is not None and len(found) >= res.limit:
-                    break
-                if dev.claims & claimed:
+                if dev.claims & (claimed | mine):
                     continue
                 if dev.id in ids:
                     dev = _with_id(dev, sanitize_id(f"{dev.id}/{sorted(dev.claims)}", max_len))
-                claimed |= dev.claims
+                mine |= dev.claims
                 ids.add(dev.id)
-                seen_numa.update(dev.claims)
                 found.append(dev)
+        if res.limit is not None and len(found) > res.limit:
+            # Devices offered by the previous scan keep their places: a device that
+            # appears later never displaces one already advertised (maybe allocated).
+            before = self._offered.get(res.name, frozenset())
+            ranked = [d.id for d in found if d.id in before]
+            ranked += [d.id for d in found if d.id not in before]  # then discovery order
+            chosen = set(ranked[: res.limit])
+            found = [d for d in found if d.id in chosen]
+        self._offered[res.name] = frozenset(d.id for d in found)
+        for dev in found:
+            claimed |= dev.claims
+            seen_numa.update(dev.claims)
         return found
 
     # ----------------------------------------------------------------- paths
@@ -240,11 +251,11 @@ class Scanner:
                     self._warned.add(entry)
                     log.warning("skipping USB entry %s: resolves outside sysRoot", entry)
                 continue
-            vendor = _read(os.path.join(real, "idVendor"))
+            vendor = self._attr(real, "idVendor")
             if vendor is None:
                 continue  # interfaces and hubs without ids
-            product = _read(os.path.join(real, "idProduct")) or ""
-            serial = _read(os.path.join(real, "serial"))
+            product = self._attr(real, "idProduct") or ""
+            serial = self._attr(real, "serial")
             if not any(
                 m.vendor == vendor.lower()
                 and (m.product is None or m.product == product.lower())
@@ -252,8 +263,8 @@ class Scanner:
                 for m in group.usb
             ):
                 continue
-            busnum = _read(os.path.join(real, "busnum"))
-            devnum = _read(os.path.join(real, "devnum"))
+            busnum = self._attr(real, "busnum")
+            devnum = self._attr(real, "devnum")
             if busnum is None or devnum is None or not busnum.isdigit() or not devnum.isdigit():
                 log.warning("USB device %s has no usable busnum/devnum; skipped", sysname)
                 continue
@@ -276,6 +287,13 @@ class Scanner:
                 numa_node=self._walk_numa(real),
                 claims=frozenset({host}),
             )
+
+    def _attr(self, directory: str, name: str) -> str | None:
+        """A sysfs attribute's text; None when missing or a symlink out of sysRoot."""
+        path = os.path.join(directory, name)
+        if os.path.islink(path) and not _within(os.path.realpath(path), self.sys_root):
+            return None
+        return _read(path)
 
     # ----------------------------------------------------------------- NUMA
 
@@ -393,11 +411,26 @@ def watch_dirs(config: Config) -> set[str]:
 
 
 def _existing_dirs(path: str, root: str) -> set[str]:
-    """``path`` if it is a directory, else its nearest existing ancestor within ``root``."""
+    """``path`` if it is a directory, else its nearest existing ancestor within ``root``.
+
+    Returned as real paths (inotify does not follow a symlinked directory); when ``path``
+    is reached through a symlink, the directory holding that link is watched too, so
+    replacing the link is noticed.
+    """
     current = path
     while not os.path.isdir(current):
         parent = os.path.dirname(current)
         if parent == current or not _within(parent, root):
             return set()
         current = parent
-    return {current} if _within(os.path.realpath(current), root) else set()
+    real = os.path.realpath(current)
+    out = {real} if _within(real, root) else set()
+    if real != current:
+        probe = current
+        while probe != root and _within(probe, root):
+            if os.path.islink(probe):
+                parent = os.path.realpath(os.path.dirname(probe))
+                if _within(parent, root):
+                    out.add(parent)
+            probe = os.path.dirname(probe)
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from dataclasses import dataclass
 
 from kubedevice.generic.config import HealthSpec
@@ -45,6 +46,12 @@ def _read_attribute(local: str, sys_root: str) -> str | None:
         return f.read()
 
 
+def _kill_group(pid: int) -> None:
+    """SIGKILL the check's process group (a shell script's children go with it)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 async def run_check(spec: HealthSpec, dev: PhysicalDevice, sys_root: str) -> CheckResult:
     """Run the group's checks for ``dev``; unhealthy if any fails or cannot run."""
     values = _values(dev)
@@ -71,19 +78,19 @@ async def run_check(spec: HealthSpec, dev: PhysicalDevice, sys_root: str) -> Che
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: a timeout kills its children
             )
         except OSError as exc:
             return CheckResult(False, f"cannot start {argv[0]}: {exc.strerror or exc}")
         try:
-            code = await asyncio.wait_for(proc.wait(), timeout)
+            async with asyncio.timeout(timeout):  # wait_for may swallow a cancel on 3.11
+                code = await proc.wait()
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            _kill_group(proc.pid)
             await proc.wait()
             return CheckResult(False, f"command {argv[0]} timed out after {timeout:g}s")
         except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            _kill_group(proc.pid)
             await asyncio.shield(proc.wait())
             raise
         if code != 0:

@@ -82,6 +82,7 @@ class GenericResourcePlugin(DevicePlugin):
                 self._drop(dev_id, "device disappeared")
             elif entry.present:
                 entry.present = False
+                entry.check = None  # when it comes back it is checked again before Healthy
                 log.warning(
                     "allocated device disappeared; reporting it Unhealthy",
                     extra={"resource": self.resource_name, "device_id": dev_id},
@@ -107,8 +108,8 @@ class GenericResourcePlugin(DevicePlugin):
                 if entry.expiry is not None:
                     entry.expiry.cancel()
                     entry.expiry = None
-            if entry.group is not group and entry.group != group:
-                entry.check = None  # a different check applies now
+            if entry.group.health != group.health:
+                entry.check = None  # a different check applies now; other edits keep it
             if entry.phys is not phys and entry.phys != phys:
                 entry.phys = phys  # keep the old object when equal: snapshot cache hits
             entry.group, entry.present = group, True

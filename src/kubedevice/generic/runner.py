@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.errors import ConfigError, KubeDeviceError, PluginServerError
 from kubedevice.generic.config import Config, load_config
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
@@ -81,6 +81,7 @@ class GenericPlugins:
         self._reload_requested = asyncio.Event()
         self._reloads = 0
         self._reload_done = asyncio.Event()
+        self._reload_lock = asyncio.Lock()  # one reload at a time (SIGHUP, file, callers)
         self._started = False
         self._stopped = False
 
@@ -131,8 +132,18 @@ class GenericPlugins:
         self.rescan()
         await self.server.start()
         if self._metrics is not None and self._metrics_address is not None:
-            self._http = self._metrics.serve_http(self._metrics_address)
-            log.info("metrics on http://%s/metrics", self._metrics_address)
+            address = self._metrics_address
+            try:
+                self._http = self._metrics.serve_http(address)
+            except (ValueError, OverflowError) as exc:
+                raise ConfigError(
+                    f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"
+                ) from exc
+            except OSError as exc:
+                raise PluginServerError(
+                    f"cannot serve metrics on {address}: {exc.strerror or exc}"
+                ) from exc
+            log.info("metrics on http://%s/metrics", address)
         for plugin in self._plugins.values():
             await self.server.add(plugin)
             self._start_health(plugin.resource_name)
@@ -158,11 +169,12 @@ class GenericPlugins:
         self._tasks, self._health_tasks = [], {}
         for task in tasks:
             task.cancel()
+        interrupted = False  # our caller was cancelled: finish cleaning up, then re-raise
         for task in tasks:
             try:
-                await task
+                await _reap(task)
             except asyncio.CancelledError:
-                pass
+                interrupted = True
             except Exception:
                 log.exception("task %s had failed", task.get_name())
         for plugin in self._plugins.values():
@@ -175,6 +187,8 @@ class GenericPlugins:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+        if interrupted:
+            raise asyncio.CancelledError
 
     # ----------------------------------------------------------------- scanning
 
@@ -252,8 +266,11 @@ class GenericPlugins:
             devices = plugin.present_devices(index)
             results = await asyncio.gather(*(check(d) for d in devices))
             plugin.apply_checks({d.id: r for d, r in zip(devices, results, strict=True)})
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that
+            # arrives as the kick is set, and stop() would then wait for this task forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(kick.wait(), spec.period_seconds)
+                async with asyncio.timeout(spec.period_seconds):
+                    await kick.wait()
 
     # ----------------------------------------------------------------- reload
 
@@ -292,10 +309,10 @@ class GenericPlugins:
         assert self._config_path is not None
         watcher = DirWatcher(CONFIG_MASK)
         try:
-            watcher.watch_exactly({str(self._config_path.parent)})
+            watcher.watch_exactly(_config_dirs(self._config_path))
             while True:
                 await watcher.changed()
-                watcher.watch_exactly({str(self._config_path.parent)})
+                watcher.watch_exactly(_config_dirs(self._config_path))
                 digest = _digest(self._config_path)
                 if digest is not None and digest != self._config_digest:
                     self._config_digest = digest
@@ -313,6 +330,10 @@ class GenericPlugins:
         Raises:
             ConfigError: The new config is invalid; nothing was changed.
         """
+        async with self._reload_lock:
+            await self._reload(config)
+
+    async def _reload(self, config: Config | None) -> None:
         if config is None:
             if self._config_path is None:
                 raise ConfigError("no config file to reload from")
@@ -354,8 +375,7 @@ class GenericPlugins:
         self.rescan()
         # Then the parts that wait: old health tasks, sockets, registrations.
         for task in stopping:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await _reap(task)
         for name in removed:
             await self.server.remove(name)
             log.info("resource removed", extra={"resource": name})
@@ -367,6 +387,28 @@ class GenericPlugins:
             self._start_health(name)
             log.info("resource added", extra={"resource": name})
         log.info("config reloaded")
+
+
+def _config_dirs(path: Path) -> set[str]:
+    """Directories to watch for changes of the config file ``path``.
+
+    Real paths (inotify does not follow a symlinked directory): the directory holding the
+    file, and the one holding its target when the file is a symlink elsewhere.
+    """
+    return {
+        os.path.realpath(path.parent),
+        os.path.dirname(os.path.realpath(path)),
+    }
+
+
+async def _reap(task: asyncio.Task[None]) -> None:
+    """Wait for a task we cancelled; a cancel of our own caller still propagates."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
 
 
 def _digest(path: Path) -> str | None:
