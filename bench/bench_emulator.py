@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -200,13 +201,26 @@ def _rss(d: Path, plugins: int, per_plugin: int, *, cli: bool) -> dict[str, Any]
     }
 
 
+_TMP_DIRS: list[Path] = []
+
+
 def _tmp() -> Path:
-    d = Path(tempfile.mkdtemp(prefix="kd-bench-", dir="/tmp")) / "dp"
+    base = Path(tempfile.mkdtemp(prefix="kd-bench-", dir="/tmp"))
+    _TMP_DIRS.append(base)
+    d = base / "dp"
     d.mkdir()
     return d
 
 
 async def main() -> dict[str, Any]:
+    try:
+        return await _measure()
+    finally:
+        for base in _TMP_DIRS:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+async def _measure() -> dict[str, Any]:
     return {
         "one_device_pods": await _pods_per_second(_tmp(), 1, 1000),
         "eight_device_pods": await _pods_per_second(_tmp(), 8, 128),

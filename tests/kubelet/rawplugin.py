@@ -57,6 +57,8 @@ class Calls:
     allocate: list[list[list[str]]] = field(default_factory=list)
     preferred: list[tuple[list[str], list[str], int]] = field(default_factory=list)
     pre_start: list[list[str]] = field(default_factory=list)
+    #: (rpc, seconds left before the caller's deadline or None) for every unary call
+    deadlines: list[tuple[str, float | None]] = field(default_factory=list)
 
 
 class RawPlugin(dp_grpc.DevicePluginServicer):
@@ -137,6 +139,7 @@ class RawPlugin(dp_grpc.DevicePluginServicer):
         self, request: dp.PreferredAllocationRequest, context: Any
     ) -> dp.PreferredAllocationResponse:
         c = request.container_requests[0]
+        self.calls.deadlines.append(("GetPreferredAllocation", context.time_remaining()))
         args = (list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size)
         self.calls.preferred.append(args)
         if self.preferred_error:
@@ -148,6 +151,7 @@ class RawPlugin(dp_grpc.DevicePluginServicer):
 
     async def Allocate(self, request: dp.AllocateRequest, context: Any) -> dp.AllocateResponse:
         groups = [list(c.devices_ids) for c in request.container_requests]
+        self.calls.deadlines.append(("Allocate", context.time_remaining()))
         self.calls.allocate.append(groups)
         if self.allocate_error:
             await context.abort(grpc.StatusCode.UNKNOWN, self.allocate_error)
@@ -166,6 +170,7 @@ class RawPlugin(dp_grpc.DevicePluginServicer):
         self, request: dp.PreStartContainerRequest, context: Any
     ) -> dp.PreStartContainerResponse:
         self.calls.pre_start.append(list(request.devices_ids))
+        self.calls.deadlines.append(("PreStartContainer", context.time_remaining()))
         if self.pre_start_error:
             await context.abort(grpc.StatusCode.UNKNOWN, self.pre_start_error)
         return dp.PreStartContainerResponse()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kubelet_helpers import PluginFactory, pod_manifest
 from rawplugin import Dev, devs
@@ -270,3 +272,126 @@ async def test_numa_hint_spanning_two_nodes(emu: Emulator, plugin: PluginFactory
     pod2 = await emu.apply_pod(pod_manifest("q", {R: 3}))
     assert len(p.calls.preferred) == 1
     assert pod2.container("c").devices[R] == ("d0", "d4", "d5")
+
+
+async def test_preferred_allocation_must_include_reused_devices(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    # §3.7: available = all available ∪ chosen, must_include = chosen, size = TOTAL request
+    p = await plugin(R, devs(6), preferred_available=True)
+    p.preferred_fn = lambda avail, must, size: ["d5", "d0", "d4"]
+    await emu.wait_for_resource(R, allocatable=6)
+    pod = await emu.apply_pod(pod_manifest("p", init=[("i", {R: 1})], containers=[("app", {R: 3})]))
+    assert p.calls.preferred[1] == (["d0", "d1", "d2", "d3", "d4", "d5"], ["d0"], 3)
+    assert pod.container("app").devices[R] == ("d0", "d4", "d5")
+    assert p.calls.allocate[-1] == [["d0", "d4", "d5"]]
+
+
+async def test_preferred_allocation_aligned_with_reuse(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    # needed < |aligned|: available = aligned ∪ chosen, must_include = chosen, size = total
+    p = await plugin(R, devs(8, numa=_numa), preferred_available=True)
+    p.preferred_fn = lambda avail, must, size: ["d1", "d6"] if must else []  # d1: wrong node
+    await emu.wait_for_resource(R, allocatable=8)
+    pod = await emu.apply_pod(pod_manifest("p", init=[("i", {R: 1})], containers=[("app", {R: 3})]))
+    assert p.calls.preferred[0] == (["d0", "d2", "d4", "d6"], [], 1)
+    assert p.calls.preferred[1] == (["d0", "d2", "d4", "d6"], ["d0"], 3)
+    # answer ∩ aligned (d6), then filled from aligned (d2); d1 (node 1) ignored
+    assert pod.container("app").devices[R] == ("d0", "d6", "d2")
+
+
+async def test_preferred_answer_intersected_with_available(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    p = await plugin(R, devs(4), preferred_available=True)
+    await emu.wait_for_resource(R, allocatable=4)
+    await emu.apply_pod(pod_manifest("a", {R: 1}))  # holds d0
+    p.preferred_fn = lambda avail, must, size: ["d0", "zz", "d3"]
+    pod = await emu.apply_pod(pod_manifest("b", {R: 2}))
+    assert p.calls.preferred[-1] == (["d1", "d2", "d3"], [], 2)
+    # d0 (in use) and zz (unknown) are dropped; the shortfall is filled by the kubelet
+    assert set(pod.container("c").devices[R]) == {"d1", "d3"}
+
+
+async def test_manifest_uid_never_shared_between_pods(emu: Emulator, plugin: PluginFactory) -> None:
+    await plugin(R, devs(2))
+    await emu.wait_for_resource(R, allocatable=2)
+    a, b = pod_manifest("a", {R: 1}), pod_manifest("b", {R: 1})
+    a["metadata"]["uid"] = b["metadata"]["uid"] = "copied-from-kubectl-get"
+    await emu.apply_pod(a)
+    await emu.apply_pod(b)
+    assert {p.name: p.container("c").devices[R] for p in emu.pods()} == {
+        "a": ("d0",),
+        "b": ("d1",),
+    }
+    await emu.delete_pod("a")
+    assert emu.pod("b").container("c").devices[R] == ("d1",)
+    assert emu.node().resources[R].allocated == 1
+
+
+async def test_huge_request_rejected_quickly(emu: Emulator, plugin: PluginFactory) -> None:
+    await plugin(R, devs(2, numa=_numa))
+    await emu.wait_for_resource(R, allocatable=2)
+    with pytest.raises(AdmissionError) as err:
+        await emu.apply_pod(pod_manifest("p", {R: "1e999999999"}))
+    assert err.value.message == (
+        "Allocate failed due to requested number of devices unavailable for example.com/foo. "
+        "Requested: 9223372036854775807, Available: 2, which is unexpected"
+    )
+
+
+async def test_concurrent_applies_never_share_devices(emu: Emulator, plugin: PluginFactory) -> None:
+    p = await plugin(R, devs(6), preferred_available=True)
+    p.preferred_fn = lambda avail, must, size: avail[:size]
+    await emu.wait_for_resource(R, allocatable=6)
+    results = await asyncio.gather(
+        *(emu.apply_pod(pod_manifest(f"p{i}", {R: 2})) for i in range(4)),
+        return_exceptions=True,
+    )
+    admitted = [r for r in results if not isinstance(r, BaseException)]
+    rejected = [r for r in results if isinstance(r, AdmissionError)]
+    assert (len(admitted), len(rejected)) == (3, 1)
+    held = [d for r in admitted for d in r.container("c").devices[R]]
+    assert sorted(held) == [f"d{i}" for i in range(6)]
+
+
+async def test_rpc_deadlines_like_the_kubelet(emu: Emulator, plugin: PluginFactory) -> None:
+    # PreStartContainer: 30 s; GetPreferredAllocation and Allocate: none (contract §3.11)
+    p = await plugin(R, devs(2), pre_start_required=True, preferred_available=True)
+    await emu.wait_for_resource(R, allocatable=2)
+    await emu.apply_pod(pod_manifest("p", {R: 1}))
+    got = dict(p.calls.deadlines)
+    assert set(got) == {"GetPreferredAllocation", "Allocate", "PreStartContainer"}
+    assert got["GetPreferredAllocation"] is None
+    assert got["Allocate"] is None
+    assert got["PreStartContainer"] is not None
+    assert 25 < got["PreStartContainer"] < 31  # grpc rounds deadlines up a little
+    assert Emulator(emu.device_plugin_dir).dial_timeout_s == 10.0
+
+
+async def test_numa_tie_broken_by_bitmask_value(emu: Emulator, plugin: PluginFactory) -> None:
+    # 3 devices per node, healthy: node0 1, node1 2, node2 2, node3 3; request 4 → 2-node
+    # masks are preferred; those with 4 free devices: {1,2}, {0,3}, {1,3}, {2,3}. The
+    # topology manager keeps the numerically smaller bitmask (IsNarrowerThan/IsLessThan:
+    # 0b0110 < 0b1001), i.e. {1,2}, not the lexicographically smaller {0,3}.
+    healthy = [1, 2, 2, 3]
+    await plugin(
+        R,
+        [
+            Dev(f"n{k}{x}", "Healthy" if i < healthy[k] else "Unhealthy", (k,))
+            for k in range(4)
+            for i, x in enumerate("abc")
+        ],
+    )
+    await emu.wait_for_resource(R, allocatable=8)
+    pod = await emu.apply_pod(pod_manifest("p", {R: 4}))
+    assert sorted(pod.container("c").devices[R]) == ["n1a", "n1b", "n2a", "n2b"]
+
+
+async def test_invalid_numa_ids_never_crash(emu: Emulator, plugin: PluginFactory) -> None:
+    # a plugin reporting NUMA ids no machine has (negative, >= 64): never aligned, no crash
+    await plugin(R, [Dev("bad", numa=(-1,)), Dev("huge", numa=(99,)), Dev("ok", numa=(0,))])
+    await emu.wait_for_resource(R, allocatable=3)
+    pod = await emu.apply_pod(pod_manifest("p", {R: 2}))
+    assert sorted(pod.container("c").devices[R]) == ["bad", "ok"]

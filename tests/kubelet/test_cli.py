@@ -55,8 +55,8 @@ def _start_kubelet(dp_dir: Path) -> subprocess.Popen[str]:
     return proc
 
 
-def _stop(proc: subprocess.Popen[str]) -> int:
-    proc.send_signal(signal.SIGTERM)
+def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> int:
+    proc.send_signal(sig)
     rc = proc.wait(timeout=20)
     thread = _DRAINS.pop(proc.pid, None)
     if thread is not None:
@@ -154,6 +154,30 @@ def test_cli_end_to_end(
     assert r.returncode == 2
     assert "must be an integer" in r.stderr
 
+    # a file with an invalid object admits nothing (validated before anything is sent)
+    mixed = sock_dir / "mixed.yaml"
+    mixed.write_text(
+        yaml.safe_dump_all([pod_manifest("m1", {}), {"apiVersion": "v1", "kind": "Service"}])
+    )
+    r = kd(dp_dir, "pod", "apply", "-f", str(mixed))
+    assert r.returncode == 2
+    assert 'only kind "Pod" is supported' in r.stderr
+    # admitted pods are reported even when a later one is rejected
+    partial = _write(sock_dir / "partial.yaml", pod_manifest("m2", {}), pod_manifest("m3", {R: 2}))
+    r = kd(dp_dir, "pod", "apply", "-f", str(partial))
+    assert r.returncode == 3
+    assert "pod/m2 admitted" in r.stdout
+    assert "Requested: 2, Available: 1" in r.stderr
+    r = kd(
+        dp_dir, "pod", "apply", "-f", "-", "-o", "json", stdin=json.dumps(pod_manifest("m4", {}))
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["name"] == "m4"
+    r = kd(dp_dir, "pod", "list", "-o", "json")
+    assert [p["name"] for p in json.loads(r.stdout)] == ["a", "b", "m2", "m4"]
+    for name in ("m2", "m4"):
+        assert kd(dp_dir, "pod", "delete", name).returncode == 0
+
     r = kd(dp_dir, "pod", "delete", "a")
     assert r.returncode == 0, r.stderr
     r = kd(dp_dir, "pod", "delete", "a")
@@ -191,7 +215,7 @@ def test_pods_survive_process_restart(dp_dir: Path, sock_dir: Path, raw_plugin_p
         assert r.returncode == 0, r.stderr
         f = _write(sock_dir / "p.yaml", pod_manifest("p", {R: 2}))
         assert kd(dp_dir, "pod", "apply", "-f", str(f)).returncode == 0
-        assert _stop(proc) == 0
+        assert _stop(proc, signal.SIGINT) == 0  # Ctrl-C stops it cleanly too
         proc = _start_kubelet(dp_dir)
         r = kd(dp_dir, "pod", "list", "-o", "json")
         [pod] = json.loads(r.stdout)

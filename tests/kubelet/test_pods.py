@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -178,3 +179,54 @@ def test_load_multi_document_yaml_and_json() -> None:
 )
 def test_quantity_canonical(raw: Any, text: str) -> None:
     assert format_quantity(parse_quantity(raw)) == text
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("1e999999999", 2**63 - 1),  # computing 10**999999999 would hang the emulator
+        ("-1e999999999", -(2**63 - 1)),
+        (10**30, 2**63 - 1),
+        ("99999999999999999999Ei", 2**63 - 1),
+        ("1e-999999999", Fraction(1, 10**9)),  # rounded up to 1n, like ParseQuantity
+        ("1e-12", Fraction(1, 10**9)),
+        ("9223372036854775807", 2**63 - 1),
+    ],
+)
+def test_quantities_capped_like_the_api_server(raw: Any, value: Fraction) -> None:
+    assert parse_quantity(raw).value == value
+
+
+def test_huge_limit_is_capped_and_exponent_overflow_refused() -> None:
+    spec = parse_pod(_with_resources({"limits": {R: "1e999999999"}}))
+    assert spec.containers[0].limits == {R: 2**63 - 1}
+    with pytest.raises(ManifestError, match="unable to parse quantity's suffix"):
+        parse_pod(_with_resources({"limits": {R: "1e99999999999"}}))
+    with pytest.raises(ManifestError, match="must be an integer"):
+        parse_pod(_with_resources({"limits": {R: "1e-999999999"}}))
+
+
+def test_non_string_resource_name_is_a_validation_error() -> None:
+    with pytest.raises(ManifestError) as err:
+        parse_pod(_with_resources({"limits": {1: 2}}))  # YAML `1: 2` gives an int key
+    assert str(err.value) == (
+        'Pod "p" is invalid: spec.containers[0].resources.limits[1]: '
+        'Invalid value: "1": must be a standard resource for containers'
+    )
+
+
+def test_hugepages_request_needs_a_limit() -> None:
+    # IsOvercommitAllowed is false for huge pages as for extended resources
+    with pytest.raises(ManifestError, match="Limit must be set for non overcommitable"):
+        parse_pod(_with_resources({"requests": {"hugepages-2Mi": "2Mi"}}))
+    spec = parse_pod(_with_resources({"requests": {"cpu": 1}}))  # cpu may be overcommitted
+    assert spec.containers[0].limits == {}
+
+
+def test_manifest_uid_is_ignored() -> None:
+    m = pod_manifest("p", {R: 1})
+    m["metadata"]["uid"] = "same"
+    a, b = parse_pod(m), parse_pod(m)
+    assert "same" not in (a.uid, b.uid)  # the API server assigns a fresh UID on create
+    assert a.uid != b.uid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
@@ -278,3 +279,58 @@ async def test_message_over_4mib_ends_stream(emu: Emulator, plugin: PluginFactor
     end = emu.events.of_type(StreamEndEvent)[-1]
     assert end.reason.startswith("RESOURCE_EXHAUSTED")
     assert emu.node().resources[R].capacity == 2
+
+
+async def test_stopped_endpoint_rpcs_raise_plugin_rpc_error(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    from kubedevice.errors import PluginRpcError
+    from kubedevice.kubelet import RpcEvent
+
+    p = await plugin(R, devs(2))
+    await emu.wait_for_resource(R, allocatable=2)
+    ep = emu.endpoint(R)
+    p.end_streams()
+    await emu.wait_for_resource(R, allocatable=0)
+    assert ep.stopped
+    for call in (
+        lambda: ep.allocate(["d0"]),
+        lambda: ep.get_preferred_allocation(["d0"], [], 1),
+        lambda: ep.pre_start(["d0"]),
+        ep.get_options,
+    ):
+        with pytest.raises(PluginRpcError) as err:
+            await call()
+        assert err.value.code == "UNAVAILABLE"
+        assert err.value.details == f"endpoint {p.socket_path} has been stopped"
+    with pytest.raises(PluginRpcError, match="has been stopped"):
+        ep.list_and_watch()
+    last = emu.events.of_type(RpcEvent)[-1]
+    assert (last.rpc, last.error is not None) == ("GetDevicePluginOptions", True)
+
+
+async def test_non_socket_at_kubelet_sock_is_kept(dp_dir: Path) -> None:
+    (dp_dir / "kubelet.sock").write_text("not a socket")
+    emu = Emulator(dp_dir, control_socket=False)
+    with pytest.raises(OSError, match="exists and is not a socket"):
+        await emu.start()
+    assert (dp_dir / "kubelet.sock").read_text() == "not a socket"
+    await emu.stop()  # nothing to stop: idempotent
+
+
+async def test_restart_drops_replaced_connections_too(emu: Emulator, plugin: PluginFactory) -> None:
+    # a replaced plugin's stream keeps running (§3.3) until the kubelet process goes away;
+    # left running across a simulated restart, its end would disconnect a newer plugin
+    a = await plugin(R, devs(2, "a"), name="a.sock")
+    await emu.wait_for_resource(R, allocatable=2)
+    ep_a = emu.endpoint(R)
+    await plugin(R, devs(3, "b"), name="b.sock")
+    await emu.wait_for_resource(R, allocatable=3)
+    assert ep_a.connected
+    await emu.restart()
+    assert not ep_a.connected
+    await asyncio.wait_for(a.stream_closed.wait(), 5)
+    await plugin(R, devs(4, "c"), name="c.sock")
+    s = await emu.wait_for_resource(R, allocatable=4)
+    assert s.connected
+    assert not any(e.disconnected for e in emu.events.of_type(StreamEndEvent))

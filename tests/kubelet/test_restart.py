@@ -80,3 +80,84 @@ async def test_corrupt_checkpoint_set_aside(dp_dir: Path, content: bytes) -> Non
         assert len(aside) == 1
         assert aside[0].read_bytes() == content
         assert loads(cp.read_bytes()).entries is None  # a fresh, valid checkpoint
+
+
+def _registered(dp_dir: Path) -> dict[str, list[str] | None] | None:
+    data = loads((dp_dir / "kubelet_internal_checkpoint").read_bytes())  # checksum verified
+    return None if data.registered is None else dict(data.registered)
+
+
+async def test_checkpoint_follows_device_sets_and_grace(dp_dir: Path) -> None:
+    cp = dp_dir / "kubelet_internal_checkpoint"
+    async with Emulator(dp_dir, control_socket=False, grace_period_s=0.3) as emu:
+        # a fresh node writes exactly what a fresh kubelet writes (contract vector 1)
+        assert cp.read_bytes() == (
+            b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}'
+        )
+        p = RawPlugin(dp_dir, R, [*devs(2, "b"), *devs(1, "a", health="Unhealthy")])
+        await p.start()
+        await emu.wait_for_resource(R, allocatable=2)
+        assert _registered(dp_dir) == {R: ["b0", "b1"]}  # healthy IDs only, after the message
+        await p.stop()
+        await emu.wait_for_resource(R, allocatable=0)
+        assert _registered(dp_dir) == {R: []}  # key kept with [] during the grace period
+        await emu.wait_until(lambda: R not in emu.node().resources, 5)
+        assert _registered(dp_dir) == {}
+
+
+async def test_checkpoint_only_resource_removed_after_grace(dp_dir: Path) -> None:
+    (dp_dir / "kubelet_internal_checkpoint").write_bytes(
+        b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"example.com/foo":null}},'
+        b'"Checksum":1667033492}'  # contract vector 5: written by Go, null list
+    )
+    async with Emulator(dp_dir, control_socket=False, grace_period_s=0.3) as emu:
+        assert emu.checkpoint_errors == []
+        s = emu.node().resources[R]
+        assert (s.capacity, s.allocatable, s.connected) == (0, 0, False)
+        assert _registered(dp_dir) == {R: []}  # rewritten as the kubelet would: []
+        await emu.wait_until(lambda: R not in emu.node().resources, 5)
+        assert _registered(dp_dir) == {}
+
+
+async def test_restored_allocation_keeps_numa_groups_and_response(dp_dir: Path) -> None:
+    from rawplugin import Dev
+
+    async with Emulator(dp_dir, control_socket=False) as emu:
+        p = RawPlugin(dp_dir, R, [Dev("a", numa=(0, 1)), Dev("b")])
+        await p.start()
+        await emu.wait_for_resource(R, allocatable=2)
+        pod = await emu.apply_pod(pod_manifest("p", {R: 2}))
+        before = pod.container("c")
+        await emu.restart()  # re-reads the checkpoint it wrote
+        after = emu.pod("p").container("c")
+        assert sorted(after.devices[R]) == ["a", "b"]
+        assert after.runtime == before.runtime  # AllocResp survived the round trip
+        data = loads((dp_dir / "kubelet_internal_checkpoint").read_bytes())
+        assert data.entries is not None
+        assert [dict(e.device_ids or {}) for e in data.entries] == [{-1: ["b"], 0: ["a"], 1: ["a"]}]
+        await p.stop()
+
+
+async def test_undecodable_alloc_resp_entry_is_skipped(dp_dir: Path) -> None:
+    # checksum-valid checkpoint whose AllocResp is not a ContainerAllocateResponse: the
+    # kubelet logs "Can't unmarshal allocResp" and drops that entry; never a crash
+    from kubedevice.kubelet.checkpoint import CheckpointData, CheckpointEntry, dumps
+
+    async with Emulator(dp_dir) as emu:  # with the pod journal
+        p = RawPlugin(dp_dir, R, devs(2))
+        await p.start()
+        await emu.wait_for_resource(R, allocatable=2)
+        await emu.apply_pod(pod_manifest("p", {R: 1}))
+        await emu.apply_pod(pod_manifest("q", {R: 1}))
+        await p.stop()
+    cp = dp_dir / "kubelet_internal_checkpoint"
+    data = loads(cp.read_bytes())
+    assert data.entries is not None
+    bad, good = data.entries
+    bad = CheckpointEntry(bad.pod_uid, bad.container, bad.resource, bad.device_ids, b"\x00")
+    cp.write_bytes(dumps(CheckpointData((bad, good), data.registered)))
+    async with Emulator(dp_dir) as emu2:
+        assert emu2.checkpoint_errors == []
+        devices = {x.name: x.container("c").devices for x in emu2.pods()}
+        assert devices == {"p": {}, "q": {R: ("d1",)}}
+        assert emu2.node().resources[R].allocated == 1

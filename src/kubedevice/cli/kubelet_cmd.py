@@ -20,7 +20,7 @@ from kubedevice._api import DEFAULT_DEVICE_PLUGIN_DIR, ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import ManifestError
 from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.control import call, control_socket_path
-from kubedevice.kubelet.pods import load_manifests
+from kubedevice.kubelet.pods import load_manifests, parse_pod
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
 from kubedevice.signals import stop_on_signals
 
@@ -43,21 +43,38 @@ _output_option = click.option(
 )
 
 
-def _request(device_plugin_dir: Path, req: dict[str, Any]) -> Any:
+class _Failed(Exception):
+    """A request the emulator refused (or could not be sent): exit code and message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _send(device_plugin_dir: Path, req: dict[str, Any], timeout: float = 60.0) -> Any:
+    """One control request; ``_Failed`` with the CLI's exit code on any error."""
     path = control_socket_path(device_plugin_dir)
     try:
-        reply = call(path, req)
+        reply = call(path, req, timeout)
     except (OSError, ValueError) as exc:
-        click.echo(f"error: cannot reach the emulator at {path}: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        raise _Failed(EXIT_ERROR, f"cannot reach the emulator at {path}: {exc}") from exc
     if not reply.get("ok"):
         err = reply.get("error") or {}
         if err.get("type") == "AdmissionError":
-            click.echo(f"error: pod rejected: {err.get('reason')}: {err.get('message')}", err=True)
-            sys.exit(EXIT_REJECTED)
-        click.echo(f"error: {err.get('message')}", err=True)
-        sys.exit(EXIT_MANIFEST if err.get("type") == "ManifestError" else EXIT_ERROR)
+            msg = f"pod rejected: {err.get('reason')}: {err.get('message')}"
+            raise _Failed(EXIT_REJECTED, msg)
+        code = EXIT_MANIFEST if err.get("type") == "ManifestError" else EXIT_ERROR
+        raise _Failed(code, str(err.get("message")))
     return reply.get("result")
+
+
+def _request(device_plugin_dir: Path, req: dict[str, Any], timeout: float = 60.0) -> Any:
+    try:
+        return _send(device_plugin_dir, req, timeout)
+    except _Failed as f:
+        click.echo(f"error: {f.message}", err=True)
+        sys.exit(f.code)
 
 
 # ---------------------------------------------------------------------------- kubelet
@@ -150,19 +167,34 @@ def pod_apply(device_plugin_dir: Path, filename: str, output: str) -> None:
     try:
         text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
         docs = load_manifests(text)
+        for d in docs:  # validate every object first: nothing is admitted from a bad file
+            parse_pod(d)
     except OSError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_MANIFEST)
     except ManifestError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_MANIFEST)
-    results = [_request(device_plugin_dir, {"op": "apply", "manifest": d}) for d in docs]
+    results: list[Any] = []
+    failure: _Failed | None = None
+    for d in docs:
+        try:
+            results.append(_send(device_plugin_dir, {"op": "apply", "manifest": d}))
+        except _Failed as f:
+            failure = f
+            break
     if output == "json":
-        click.echo(json.dumps(results if len(results) != 1 else results[0], indent=2))
-    else:
+        if len(docs) != 1:
+            click.echo(json.dumps(results, indent=2))
+        elif results:
+            click.echo(json.dumps(results[0], indent=2))
+    elif results:
         for r in results:
             click.echo(f"pod/{r['name']} admitted")
         click.echo(pods_table(results))
+    if failure is not None:
+        click.echo(f"error: {failure.message}", err=True)
+        sys.exit(failure.code)
 
 
 @pod.command("delete")
@@ -217,7 +249,7 @@ def node(
     """Capacity, allocatable and per-device health (like ``kubectl describe node``)."""
     if wait_for is not None:
         req = {"op": "wait", "resource": wait_for, "allocatable": allocatable, "timeout": timeout}
-        _request(device_plugin_dir, req)
+        _request(device_plugin_dir, req, timeout=max(60.0, timeout + 10.0))
     n = _request(device_plugin_dir, {"op": "node"})
     if output == "json":
         click.echo(json.dumps(n, indent=2))

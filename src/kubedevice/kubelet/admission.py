@@ -91,7 +91,8 @@ class Admitter:
 
     def container_hint(self, c: ContainerSpec, reuse: dict[str, set[str]]) -> Hint | None:
         """The best-effort topology manager's merged hint for ``c`` (None: no preference)."""
-        numa = self.m.numa_nodes()
+        # ids a bitmask cannot hold (negative, >= 64) are not NUMA nodes of any machine
+        numa = tuple(n for n in self.m.numa_nodes() if 0 <= n < 64)
         if not numa or len(numa) > MAX_NUMA_NODES:
             return None
         per_provider: list[list[Hint]] = []
@@ -288,12 +289,17 @@ class Admitter:
         return out
 
 
+def _mask(nodes: frozenset[int] | None) -> int:
+    """The topology manager's bitmask of a NUMA node set (bit ``n`` = node ``n``)."""
+    return sum(1 << n for n in nodes or ())
+
+
 def _better(a: Hint, b: Hint) -> bool:
-    """True if hint ``a`` beats ``b``: preferred first, then fewer NUMA nodes, then lower ids."""
+    """True if hint ``a`` beats ``b`` like the kubelet's merge: preferred first, then
+    ``IsNarrowerThan`` (fewer NUMA nodes, then the numerically smaller bitmask)."""
     if a.preferred != b.preferred:
         return a.preferred
-    an = sorted(a.nodes or ())
-    bn = sorted(b.nodes or ())
-    if len(an) != len(bn):
-        return len(an) < len(bn)
-    return an < bn
+    an, bn = len(a.nodes or ()), len(b.nodes or ())
+    if an != bn:
+        return an < bn
+    return _mask(a.nodes) < _mask(b.nodes)

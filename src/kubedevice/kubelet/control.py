@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
+#: Longest request line accepted (a pod manifest easily exceeds asyncio's 64 KiB default).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
 
 def state_dir(device_plugin_dir: Path) -> Path:
     """The emulator's own directory next to the device-plugin dir."""
@@ -53,14 +56,18 @@ class ControlServer:
                 raise OSError(f"another emulator is serving {self.path}")
             self.path.unlink()
         with private_umask():
-            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+            self._server = await asyncio.start_unix_server(
+                self._serve, path=str(self.path), limit=MAX_REQUEST_BYTES
+            )
 
     async def stop(self) -> None:
-        """Stop serving and remove the socket."""
+        """Stop serving, end every open connection (awaited) and remove the socket."""
         if self._server is not None:
             self._server.close()
-            for t in list(self._conns):
+            conns = list(self._conns)
+            for t in conns:
                 t.cancel()
+            await asyncio.gather(*conns, return_exceptions=True)
             await self._server.wait_closed()
             self._server = None
         remove_socket(self.path)
@@ -70,7 +77,16 @@ class ControlServer:
         assert task is not None
         self._conns.add(task)
         try:
-            while line := await reader.readline():
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # longer than MAX_REQUEST_BYTES: answer, then hang up
+                    too_long = {"type": "ValueError", "message": "request line too long"}
+                    writer.write(json.dumps({"ok": False, "error": too_long}).encode() + b"\n")
+                    await writer.drain()
+                    break
+                if not line:
+                    break
                 try:
                     req = json.loads(line)
                     if not isinstance(req, dict):

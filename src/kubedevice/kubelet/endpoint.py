@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from kubedevice._api import (
@@ -42,6 +43,7 @@ __all__ = [
     "DeviceStream",
     "DialError",
     "PluginEndpoint",
+    "allocation_decodes",
     "allocation_from_bytes",
     "allocation_from_pb",
     "devices_from_pb",
@@ -81,6 +83,15 @@ def allocation_from_pb(r: dp.ContainerAllocateResponse) -> ContainerAllocation:
 def allocation_from_bytes(raw: bytes) -> ContainerAllocation:
     """Typed view of a protobuf-encoded ContainerAllocateResponse (checkpoint ``AllocResp``)."""
     return allocation_from_pb(dp.ContainerAllocateResponse.FromString(raw))
+
+
+def allocation_decodes(raw: bytes | None) -> bool:
+    """True if ``raw`` (a checkpoint ``AllocResp``) decodes as a ContainerAllocateResponse."""
+    try:
+        dp.ContainerAllocateResponse.FromString(raw or b"")
+    except DecodeError:
+        return False
+    return True
 
 
 def _options_from_pb(o: dp.DevicePluginOptions) -> PluginOptions:
@@ -196,6 +207,7 @@ class PluginEndpoint:
         self._reader: asyncio.Task[None] | None = None
         self._reader_call: Any = None
         self._closed = False
+        self._stopped = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -230,6 +242,15 @@ class PluginEndpoint:
             reason = f"reader error: {exc}"
         on_end(self, reason)
 
+    @property
+    def stopped(self) -> bool:
+        """True once the kubelet side dropped this endpoint; its RPC wrappers then fail."""
+        return self._stopped or self._closed
+
+    def mark_stopped(self) -> None:
+        """Make every later RPC fail with ``endpoint ... has been stopped`` (close follows)."""
+        self._stopped = True
+
     def kill_stream(self) -> None:
         """Cancel the reader's stream, as if the kubelet dropped it."""
         if self._reader_call is not None:
@@ -248,26 +269,37 @@ class PluginEndpoint:
 
     # ------------------------------------------------------------------ RPCs
 
+    def _stopped_error(self, rpc: str) -> PluginRpcError:
+        # the kubelet's errEndpointStopped ("endpoint %v has been stopped")
+        return PluginRpcError(
+            rpc, self.resource, "UNAVAILABLE", f"endpoint {self.socket_path} has been stopped"
+        )
+
     async def _call(self, rpc: str, make: Callable[[], Awaitable[Any]]) -> Any:
         start = time.monotonic()
-        try:
-            out = await make()
-        except grpc.RpcError as exc:
-            code, details = _status(exc)
-            err = PluginRpcError(rpc, self.resource, code, details)
-            self._events.append(
-                RpcEvent(
-                    t=start,
-                    rpc=rpc,
-                    resource=self.resource,
-                    error=str(err),
-                    duration_s=time.monotonic() - start,
-                )
-            )
-            raise err from exc
+        err: PluginRpcError | None = None
+        cause: BaseException | None = None
+        if self.stopped:
+            err = self._stopped_error(rpc)
+        else:
+            try:
+                out = await make()
+            except aio.UsageError as exc:  # the channel was closed while the call started
+                err, cause = self._stopped_error(rpc), exc
+            except grpc.RpcError as exc:
+                code, details = _status(exc)
+                err, cause = PluginRpcError(rpc, self.resource, code, details), exc
         self._events.append(
-            RpcEvent(t=start, rpc=rpc, resource=self.resource, duration_s=time.monotonic() - start)
+            RpcEvent(
+                t=start,
+                rpc=rpc,
+                resource=self.resource,
+                error=None if err is None else str(err),
+                duration_s=time.monotonic() - start,
+            )
         )
+        if err is not None:
+            raise err from cause
         return out
 
     async def get_options(self) -> PluginOptions:
@@ -323,7 +355,12 @@ class PluginEndpoint:
         )
 
     def list_and_watch(self) -> DeviceStream:
-        """Open a NEW ListAndWatch stream, independent of the kubelet's reader."""
+        """Open a NEW ListAndWatch stream, independent of the kubelet's reader.
+
+        ``PluginRpcError`` (UNAVAILABLE) if this endpoint has been stopped.
+        """
+        if self.stopped:
+            raise self._stopped_error("ListAndWatch")
         self._events.append(
             RpcEvent(t=time.monotonic(), rpc="ListAndWatch", resource=self.resource)
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 from kubedevice._api import NODE_WITHOUT_TOPOLOGY
 from kubedevice.errors import CheckpointError
 from kubedevice.kubelet.checkpoint import CheckpointData, CheckpointEntry, CheckpointWriter
-from kubedevice.kubelet.endpoint import PluginEndpoint
+from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_decodes
 from kubedevice.kubelet.events import EventLog, Notifier
 from kubedevice.kubelet.types import (
     DeviceStatus,
@@ -78,6 +78,9 @@ class DeviceManager:
         self.per_socket_clients = per_socket_clients
         self.resources: dict[str, _Resource] = {}
         self.clients: dict[tuple[str, str], PluginEndpoint] = {}
+        # Every endpoint whose connection is still open, including ones a newer
+        # registration replaced (their streams keep running, contract §3.3).
+        self._live: set[PluginEndpoint] = set()
         self.pod_devices: dict[str, dict[str, dict[str, Allocation]]] = {}
         self.allocated: dict[str, set[str]] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -111,6 +114,7 @@ class DeviceManager:
     def plugin_connected(self, ep: PluginEndpoint) -> None:
         """Store ``ep`` for its resource (replacing any previous one) and start its reader."""
         self.clients[self._client_key(ep.resource, ep.socket_path)] = ep
+        self._live.add(ep)
         r = self._res(ep.resource)
         r.endpoint = ep
         r.options = ep.options
@@ -165,6 +169,8 @@ class DeviceManager:
         )
 
     def _close_later(self, ep: PluginEndpoint) -> None:
+        ep.mark_stopped()
+        self._live.discard(ep)
         task = asyncio.get_running_loop().create_task(ep.close())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
@@ -206,7 +212,9 @@ class DeviceManager:
                 r.grace.cancel()
                 r.grace = None
         self._devices_changed()
-        all_eps = {id(e): e for e in eps}
+        # a kubelet that stops drops every connection, replaced ones included
+        all_eps = {id(e): e for e in (*eps, *self._live)}
+        self._live.clear()
         for r in self.resources.values():
             if r.endpoint is not None:
                 all_eps[id(r.endpoint)] = r.endpoint
@@ -223,6 +231,7 @@ class DeviceManager:
                 r.grace.cancel()
         self.resources.clear()
         self.clients.clear()
+        self._live.clear()
         self.pod_devices.clear()
         self.allocated.clear()
         self.checkpoint.clear()
@@ -234,6 +243,14 @@ class DeviceManager:
     def restore(self, data: CheckpointData) -> None:
         """Load allocations and stopped resources from a checkpoint (kubelet start-up)."""
         for e in data.entries or ():
+            if not allocation_decodes(e.alloc_resp):  # the kubelet skips such an entry
+                log.error(
+                    "checkpoint: cannot decode AllocResp of pod %s container %s resource %s",
+                    e.pod_uid,
+                    e.container,
+                    e.resource,
+                )
+                continue
             by_numa = {k: list(v or ()) for k, v in (e.device_ids or {}).items()}
             ids: list[str] = []
             for v in by_numa.values():

@@ -107,17 +107,46 @@ def parse_quantity(raw: Any) -> Quantity:
         raise ManifestError(_QUANTITY_MSG) from None
     text = text.strip()
     if suffix in _BINARY:
-        return Quantity(base * 1024 ** _BINARY[suffix], "binary")
+        return Quantity(_bounded(base * 1024 ** _BINARY[suffix]), "binary")
     if suffix in _DECIMAL:
         exp = _DECIMAL[suffix]
-        return Quantity(base * Fraction(10) ** exp, "decimal", _go_repr(text, num, exp, "decimal"))
+        return Quantity(_scaled(base, exp), "decimal", _go_repr(text, num, exp, "decimal"))
     e = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
     if e:
         exp = int(e.group(1))
-        return Quantity(
-            base * Fraction(10) ** exp, "exponent", _go_repr(text, num, exp, "exponent")
-        )
+        if not -(2**31) <= exp < 2**31:  # Go parses the exponent as an int32
+            raise ManifestError("unable to parse quantity's suffix")
+        return Quantity(_scaled(base, exp), "exponent", _go_repr(text, num, exp, "exponent"))
     raise ManifestError(_QUANTITY_MSG)
+
+
+#: ``resource.ParseQuantity`` caps magnitudes at the int64 maximum ...
+_MAX_QUANTITY = Fraction(2**63 - 1)
+#: ... and rounds non-zero magnitudes below one nano up to ``1n``.
+_NANO = Fraction(1, 10**9)
+
+
+def _bounded(v: Fraction) -> Fraction:
+    """Apply the API server's cap (2**63 - 1) and round-up-to-nano to ``v``."""
+    sign = -1 if v < 0 else 1
+    mag = abs(v)
+    if mag > _MAX_QUANTITY:
+        mag = _MAX_QUANTITY
+    elif mag and (mag * 10**9).denominator != 1:
+        mag = Fraction(-(-mag.numerator * 10**9 // mag.denominator), 10**9)
+    return sign * mag
+
+
+def _scaled(base: Fraction, exp: int) -> Fraction:
+    """``base * 10**exp`` bounded like the API server, without computing huge powers."""
+    if base == 0:
+        return Fraction(0)
+    magnitude = len(str(abs(base.numerator))) - len(str(base.denominator))  # ~log10 |base|
+    if magnitude + exp > 20:
+        return _MAX_QUANTITY if base > 0 else -_MAX_QUANTITY
+    if magnitude + exp < -20:
+        return _NANO if base > 0 else -_NANO
+    return _bounded(base * Fraction(10) ** exp)
 
 
 def format_quantity(q: Quantity) -> str:
@@ -195,13 +224,13 @@ def _resources(c: Mapping[str, Any], path: str, errors: list[str]) -> dict[str, 
         return {}
     parsed: dict[str, dict[str, Quantity]] = {"limits": {}, "requests": {}}
     for section, raw in (("limits", limits_raw), ("requests", requests_raw)):
-        for name in sorted(raw, key=str):
+        for key in sorted(raw, key=str):
+            name = str(key)
             fld = f"{path}.resources.{section}[{name}]"
-            name = str(name)
             try:
-                q = parse_quantity(raw[name])
+                q = parse_quantity(raw[key])
             except ManifestError as exc:
-                errors.append(f"{fld}: Invalid value: {json.dumps(str(raw[name]))}: {exc}")
+                errors.append(f"{fld}: Invalid value: {json.dumps(str(raw[key]))}: {exc}")
                 continue
             parsed[section][name] = q
             if "/" not in name:
@@ -221,7 +250,7 @@ def _resources(c: Mapping[str, Any], path: str, errors: list[str]) -> dict[str, 
                 errors.append(f"{fld}: Invalid value: {q.go_repr or q}: must be an integer")
     limits: dict[str, int] = {}
     for name, q in parsed["requests"].items():
-        if not is_extended_resource_name(name):
+        if _overcommit_allowed(name):
             continue
         lim = parsed["limits"].get(name)
         if lim is None:
@@ -239,6 +268,12 @@ def _resources(c: Mapping[str, Any], path: str, errors: list[str]) -> dict[str, 
         if is_extended_resource_name(name) and q.value.denominator == 1 and q.value >= 0:
             limits[name] = int(q.value)
     return limits
+
+
+def _overcommit_allowed(name: str) -> bool:
+    """Upstream ``IsOvercommitAllowed``: native resources other than huge pages."""
+    native = "/" not in name or "kubernetes.io/" in name
+    return native and not name.startswith("hugepages-")
 
 
 def parse_pod(manifest: Mapping[str, Any]) -> PodSpec:
@@ -300,5 +335,6 @@ def parse_pod(manifest: Mapping[str, Any]) -> PodSpec:
     if errors:
         body = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
         raise ManifestError(f'Pod "{name}" is invalid: {body}')
-    uid = str(meta.get("uid") or uuid.uuid4())
-    return PodSpec(name, namespace, uid, tuple(containers))
+    # The API server assigns a fresh UID on create and ignores one in the manifest (e.g. a
+    # manifest saved with ``kubectl get -o yaml``); two pods must never share allocations.
+    return PodSpec(name, namespace, str(uuid.uuid4()), tuple(containers))

@@ -40,7 +40,13 @@ async def serve_grpc(path: Path, add_servicers: Callable[[aio.Server], None]) ->
     server = aio.server()
     add_servicers(server)
     with private_umask():
-        server.add_insecure_port(f"unix://{path}")
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:  # grpc's bind failure; the caller gets an OSError
+            await server.stop(None)
+            exists = os.path.exists(path)  # noqa: ASYNC240
+            why = "exists and is not a socket" if exists else "cannot be bound"
+            raise OSError(f"cannot serve {path}: the path {why}") from exc
         await server.start()
     os.chmod(path, 0o600)
     return server
