@@ -288,7 +288,8 @@ async def run_demo(
             say.step("Stopping the plugin with SIGTERM")
             plugin.terminate()
             try:
-                result.plugin_exit_code = await asyncio.wait_for(plugin.wait(), STEP_TIMEOUT_S)
+                async with asyncio.timeout(STEP_TIMEOUT_S):
+                    result.plugin_exit_code = await plugin.wait()
             except TimeoutError:
                 raise DemoError("the plugin did not exit within 10s of SIGTERM") from None
             await emu.wait_until(lambda: emu.node().allocatable().get(SERIAL) == 0, STEP_TIMEOUT_S)

@@ -641,7 +641,8 @@ class PluginServer:
                 else:
                     await waiter.wait()
 
-        await asyncio.wait_for(_wait(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it may swallow a cancel
+            await _wait()
 
     def _runtime(self, resource_name: str) -> _Runtime:
         try:
