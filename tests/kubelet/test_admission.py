@@ -395,3 +395,20 @@ async def test_invalid_numa_ids_never_crash(emu: Emulator, plugin: PluginFactory
     await emu.wait_for_resource(R, allocatable=3)
     pod = await emu.apply_pod(pod_manifest("p", {R: 2}))
     assert sorted(pod.container("c").devices[R]) == ["bad", "ok"]
+
+
+async def test_numa_merge_preferred_only_when_affinities_equal(
+    emu: Emulator, plugin: PluginFactory
+) -> None:
+    # foo (2 of 4, 2 per node) prefers {0} or {1}; gpu (2 of 2, one per node) prefers {0,1}.
+    # The kubelet's mergePermutation marks a merge preferred only if all affinities are
+    # EQUAL, so {0} (= {0} AND {0,1}) is not preferred; with no preferred merge the
+    # HintMerger keeps the non-preferred mask whose width reaches the widest narrowest
+    # hint (2): {0,1}. foo then takes its two smallest IDs, not node 0's.
+    await plugin(R, [Dev("a0", numa=(1,)), Dev("a1", numa=(1,)), Dev("a2", numa=(0,)),
+                     Dev("a3", numa=(0,))])  # fmt: skip
+    await plugin(G, [Dev("b0", numa=(0,)), Dev("b1", numa=(1,))])
+    await emu.wait_for_resource(R, allocatable=4)
+    await emu.wait_for_resource(G, allocatable=2)
+    pod = await emu.apply_pod(pod_manifest("p", {R: 2, G: 2}))
+    assert pod.container("c").devices == {R: ("a0", "a1"), G: ("b0", "b1")}

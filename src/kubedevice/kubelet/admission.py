@@ -106,19 +106,27 @@ class Admitter:
         if not per_provider:
             return None
         all_nodes = frozenset(numa)
-        best = Hint(all_nodes, False)
+        # the kubelet's HintMerger: BestNonPreferredAffinityCount is the largest of the
+        # providers' narrowest hint widths
+        best_np = max(
+            (
+                min(len(h.nodes) for h in hs if h.nodes is not None)
+                for hs in per_provider
+                if any(h.nodes is not None for h in hs)
+            ),
+            default=0,
+        )
+        best: Hint | None = None
         for combo in itertools.product(*per_provider):
-            mask = all_nodes
-            preferred = True
-            for h in combo:
-                mask = mask & (h.nodes if h.nodes is not None else all_nodes)
-                preferred = preferred and h.preferred
-            if not mask:
-                continue
-            cand = Hint(mask, preferred)
-            if _better(cand, best):
-                best = cand
-        return best
+            affinities = [h.nodes for h in combo if h.nodes is not None]
+            mask = all_nodes.intersection(*affinities)
+            # mergePermutation: preferred only if every hint is preferred AND all the
+            # affinities are equal
+            preferred = all(h.preferred for h in combo) and all(
+                a == affinities[0] for a in affinities
+            )
+            best = _compare(best, Hint(mask, preferred), best_np)
+        return best if best is not None else Hint(all_nodes, False)
 
     # ------------------------------------------------------------------ device choice
 
@@ -294,12 +302,40 @@ def _mask(nodes: frozenset[int] | None) -> int:
     return sum(1 << n for n in nodes or ())
 
 
-def _better(a: Hint, b: Hint) -> bool:
-    """True if hint ``a`` beats ``b`` like the kubelet's merge: preferred first, then
-    ``IsNarrowerThan`` (fewer NUMA nodes, then the numerically smaller bitmask)."""
-    if a.preferred != b.preferred:
-        return a.preferred
-    an, bn = len(a.nodes or ()), len(b.nodes or ())
+def _narrower(a: frozenset[int] | None, b: frozenset[int] | None) -> bool:
+    """The kubelet's ``IsNarrowerThan``: fewer NUMA nodes, then the smaller bitmask."""
+    an, bn = len(a or ()), len(b or ())
     if an != bn:
         return an < bn
-    return _mask(a.nodes) < _mask(b.nodes)
+    return _mask(a) < _mask(b)
+
+
+def _fitter(current: Hint, candidate: Hint) -> Hint:
+    if candidate.nodes == current.nodes:
+        return current
+    return current if _narrower(current.nodes, candidate.nodes) else candidate
+
+
+def _compare(current: Hint | None, candidate: Hint, best_np: int) -> Hint | None:
+    """The kubelet's ``HintMerger.compare`` (best-effort policy, default options)."""
+    if not candidate.nodes:
+        return current
+    if current is None:
+        return candidate
+    if current.preferred != candidate.preferred:
+        return candidate if candidate.preferred else current
+    if current.preferred:
+        return _fitter(current, candidate)
+    # both non-preferred: get as close as possible to best_np without exceeding it
+    cur, cand = len(current.nodes or ()), len(candidate.nodes)
+    if cur > best_np:
+        return _fitter(current, candidate)
+    if cur == best_np:
+        return current if cand != best_np else _fitter(current, candidate)
+    if cand > best_np:
+        return current
+    if cand == best_np:
+        return candidate
+    if cand != cur:
+        return candidate if cand > cur else current
+    return _fitter(current, candidate)
