@@ -35,18 +35,15 @@ class Notifier:
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:  # noqa: ASYNC109
         """Return once ``predicate()`` is true; raise ``TimeoutError`` after ``timeout`` s."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError(f"condition not met within {timeout} s")
-            try:
-                await asyncio.wait_for(self._event.wait(), remaining)
-            except TimeoutError:
-                if predicate():
-                    return
-                raise TimeoutError(f"condition not met within {timeout} s") from None
+        try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for may swallow a cancel.
+            async with asyncio.timeout(timeout):
+                while not predicate():
+                    await self._event.wait()
+        except TimeoutError:
+            if predicate():
+                return
+            raise TimeoutError(f"condition not met within {timeout} s") from None
 
 
 class EventLog(Sequence[EmulatorEvent]):
