@@ -7,8 +7,7 @@ This test makes the two independent implementations agree on generated names.
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import kubedevice
 from kubedevice.kubelet.registration import is_extended_resource_name

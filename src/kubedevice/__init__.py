@@ -9,77 +9,31 @@ from typing import TYPE_CHECKING, Any
 
 from kubedevice.errors import (
     AllocationError as AllocationError,
-)
-from kubedevice.errors import (
     ConfigError as ConfigError,
-)
-from kubedevice.errors import (
     InvalidResourceNameError as InvalidResourceNameError,
-)
-from kubedevice.errors import (
     KubeDeviceError as KubeDeviceError,
-)
-from kubedevice.errors import (
     PluginServerError as PluginServerError,
-)
-from kubedevice.errors import (
     RegistrationError as RegistrationError,
 )
 from kubedevice.plugin import (
     DEFAULT as DEFAULT,
-)
-from kubedevice.plugin import (
     AllocateResult as AllocateResult,
-)
-from kubedevice.plugin import (
     ContainerAllocation as ContainerAllocation,
-)
-from kubedevice.plugin import (
     DefaultType as DefaultType,
-)
-from kubedevice.plugin import (
     Device as Device,
-)
-from kubedevice.plugin import (
     DevicePlugin as DevicePlugin,
-)
-from kubedevice.plugin import (
     DeviceSpec as DeviceSpec,
-)
-from kubedevice.plugin import (
     Health as Health,
-)
-from kubedevice.plugin import (
     Mount as Mount,
-)
-from kubedevice.plugin import (
     PluginOptions as PluginOptions,
-)
-from kubedevice.plugin import (
     PluginServer as PluginServer,
-)
-from kubedevice.plugin import (
     ServerState as ServerState,
-)
-from kubedevice.plugin import (
     default_preferred_allocation as default_preferred_allocation,
-)
-from kubedevice.plugin import (
     default_socket_name as default_socket_name,
-)
-from kubedevice.plugin import (
     main as main,
-)
-from kubedevice.plugin import (
     resolve_device_plugin_dir as resolve_device_plugin_dir,
-)
-from kubedevice.plugin import (
     run as run,
-)
-from kubedevice.plugin import (
     serve as serve,
-)
-from kubedevice.plugin import (
     validate_resource_name as validate_resource_name,
 )
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kubedevice.generic.ids import replica_id, sanitize_id, split_replica
 from kubedevice.generic.templates import ENV_VARIABLES, Template, TemplateError

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kubedevice.generic.ids import split_replica
 from kubedevice.generic.policy import preferred_allocation

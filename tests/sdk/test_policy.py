@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import kubedevice
 from kubedevice.plugin.policy import enforce_preferred_invariants

@@ -20,10 +20,8 @@ from kubedevice._api.constants import (
     UNHEALTHY,
     VERSION,
 )
-from kubedevice._api.deviceplugin.v1beta1 import api_pb2 as dp
-from kubedevice._api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from kubedevice._api.podresources.v1 import api_pb2 as pr
-from kubedevice._api.podresources.v1 import api_pb2_grpc as pr_grpc
+from kubedevice._api.deviceplugin.v1beta1 import api_pb2 as dp, api_pb2_grpc as dp_grpc
+from kubedevice._api.podresources.v1 import api_pb2 as pr, api_pb2_grpc as pr_grpc
 
 __all__ = [
     "CHECKPOINT_FILE",

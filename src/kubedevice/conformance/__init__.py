@@ -6,16 +6,17 @@ any language, started as a command. Entry points: :func:`check_plugin` (sync) an
 The cases and their MUST/SHOULD levels are listed in :data:`CASES` and docs/conformance.md.
 """
 
-from kubedevice.conformance.catalogue import CASES as CASES
-from kubedevice.conformance.catalogue import Case as Case
-from kubedevice.conformance.catalogue import Level as Level
-from kubedevice.conformance.junit import junit_xml as junit_xml
-from kubedevice.conformance.junit import write_junit as write_junit
-from kubedevice.conformance.report import CaseResult as CaseResult
-from kubedevice.conformance.report import Outcome as Outcome
-from kubedevice.conformance.report import Report as Report
-from kubedevice.conformance.runner import check_plugin as check_plugin
-from kubedevice.conformance.runner import run_conformance as run_conformance
+from kubedevice.conformance.catalogue import CASES as CASES, Case as Case, Level as Level
+from kubedevice.conformance.junit import junit_xml as junit_xml, write_junit as write_junit
+from kubedevice.conformance.report import (
+    CaseResult as CaseResult,
+    Outcome as Outcome,
+    Report as Report,
+)
+from kubedevice.conformance.runner import (
+    check_plugin as check_plugin,
+    run_conformance as run_conformance,
+)
 
 __all__ = [
     "CASES",

@@ -46,11 +46,7 @@ from kubedevice.plugin.base import (
 )
 from kubedevice.plugin.config import (
     default_socket_name as default_socket_name,
-)
-from kubedevice.plugin.config import (
     resolve_device_plugin_dir as resolve_device_plugin_dir,
-)
-from kubedevice.plugin.config import (
     validate_resource_name as validate_resource_name,
 )
 from kubedevice.plugin.policy import (
@@ -58,44 +54,22 @@ from kubedevice.plugin.policy import (
 )
 from kubedevice.plugin.runner import (
     main as main,
-)
-from kubedevice.plugin.runner import (
     run as run,
-)
-from kubedevice.plugin.runner import (
     serve as serve,
 )
 from kubedevice.plugin.server import (
     PluginServer as PluginServer,
-)
-from kubedevice.plugin.server import (
     ServerState as ServerState,
 )
 from kubedevice.plugin.types import (
     DEFAULT as DEFAULT,
-)
-from kubedevice.plugin.types import (
     AllocateResult as AllocateResult,
-)
-from kubedevice.plugin.types import (
     ContainerAllocation as ContainerAllocation,
-)
-from kubedevice.plugin.types import (
     DefaultType as DefaultType,
-)
-from kubedevice.plugin.types import (
     Device as Device,
-)
-from kubedevice.plugin.types import (
     DeviceSpec as DeviceSpec,
-)
-from kubedevice.plugin.types import (
     Health as Health,
-)
-from kubedevice.plugin.types import (
     Mount as Mount,
-)
-from kubedevice.plugin.types import (
     PluginOptions as PluginOptions,
 )
 
