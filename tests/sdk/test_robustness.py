@@ -19,7 +19,7 @@ from kubelet_double import KubeletDouble
 from sdk_helpers import StaticPlugin, log_event
 
 import kubedevice
-from kubedevice._api import KUBELET_SOCKET, dp, dp_grpc
+from kubedevice._api import dp, dp_grpc
 from kubedevice.plugin.registration import Backoff
 
 RES = "example.com/dev"
@@ -135,14 +135,13 @@ async def test_stop_racing_add_leaves_no_socket(sock_dir: Path) -> None:
     assert not (sock_dir / "example.com-dev.sock").exists()
 
 
-class _HangingKubelet:
-    """A Registration server whose Register never answers."""
+class _HangingKubelet(KubeletDouble):
+    """A kubelet double whose Register never answers."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
+        super().__init__(directory)
         self.called = asyncio.Event()
         self.cancelled = asyncio.Event()
-        self._server: grpc.aio.Server | None = None
 
     async def _register(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         self.called.set()
@@ -151,27 +150,6 @@ class _HangingKubelet:
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
-
-    async def start(self) -> None:
-        server = grpc.aio.server()
-        handler = grpc.method_handlers_generic_handler(
-            "v1beta1.Registration",
-            {
-                "Register": grpc.unary_unary_rpc_method_handler(
-                    self._register,
-                    request_deserializer=dp.RegisterRequest.FromString,
-                    response_serializer=dp.Empty.SerializeToString,
-                )
-            },
-        )
-        server.add_generic_rpc_handlers((handler,))
-        server.add_insecure_port(f"unix:{self.directory / KUBELET_SOCKET}")
-        await server.start()
-        self._server = server
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(None)
 
 
 async def test_stop_while_register_is_outstanding(sock_dir: Path) -> None:
