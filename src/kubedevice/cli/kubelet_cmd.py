@@ -52,11 +52,19 @@ class _Failed(Exception):
         self.message = message
 
 
-def _send(device_plugin_dir: Path, req: dict[str, Any], timeout: float = 60.0) -> Any:
+def _send(
+    device_plugin_dir: Path, req: dict[str, Any], timeout: float = 60.0, wait: float = 0.0
+) -> Any:
     """One control request; ``_Failed`` with the CLI's exit code on any error."""
     path = control_socket_path(device_plugin_dir)
     try:
-        reply = call(path, req, timeout)
+        reply = call(
+            path,
+            req,
+            timeout,
+            wait_for_server=wait,
+            on_wait=lambda: click.echo(f"waiting for the emulator at {path} ...", err=True),
+        )
     except (OSError, ValueError) as exc:
         raise _Failed(EXIT_ERROR, f"cannot reach the emulator at {path}: {exc}") from exc
     if not reply.get("ok"):
@@ -69,9 +77,11 @@ def _send(device_plugin_dir: Path, req: dict[str, Any], timeout: float = 60.0) -
     return reply.get("result")
 
 
-def _request(device_plugin_dir: Path, req: dict[str, Any], timeout: float = 60.0) -> Any:
+def _request(
+    device_plugin_dir: Path, req: dict[str, Any], timeout: float = 60.0, wait: float = 0.0
+) -> Any:
     try:
-        return _send(device_plugin_dir, req, timeout)
+        return _send(device_plugin_dir, req, timeout, wait)
     except _Failed as f:
         click.echo(f"error: {f.message}", err=True)
         sys.exit(f.code)
@@ -234,7 +244,12 @@ def pod_list(device_plugin_dir: Path, namespace: str | None, output: str) -> Non
 @click.command("node")
 @_dir_option
 @_output_option
-@click.option("--wait-for", "wait_for", default=None, help="First wait until RESOURCE is listed.")
+@click.option(
+    "--wait-for",
+    "wait_for",
+    default=None,
+    help="First wait (for the emulator to start, then) until RESOURCE is listed.",
+)
 @click.option(
     "--allocatable", type=int, default=None, help="With --wait-for: wait for this allocatable."
 )
@@ -249,7 +264,8 @@ def node(
     """Capacity, allocatable and per-device health (like ``kubectl describe node``)."""
     if wait_for is not None:
         req = {"op": "wait", "resource": wait_for, "allocatable": allocatable, "timeout": timeout}
-        _request(device_plugin_dir, req, timeout=max(60.0, timeout + 10.0))
+        # also waits for an emulator that is still starting (`kubedevice kubelet &` just before)
+        _request(device_plugin_dir, req, timeout=max(60.0, timeout + 10.0), wait=timeout)
     n = _request(device_plugin_dir, {"op": "node"})
     if output == "json":
         click.echo(json.dumps(n, indent=2))

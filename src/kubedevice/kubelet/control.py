@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -119,12 +120,55 @@ def _alive(path: Path) -> bool:
     return True
 
 
-def call(path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """Send one request and return the reply object (blocking; for the CLI)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
+def _connect(
+    path: Path, timeout: float, wait_for_server: float, on_wait: Callable[[], None] | None
+) -> socket.socket:
+    """Connect to ``path``; for ``wait_for_server`` seconds, an emulator still starting up
+    (no socket yet, or not listening yet) is retried with a short, growing backoff, and
+    ``on_wait`` is called once when the first attempt fails."""
+    deadline = time.monotonic() + wait_for_server
+    delay = 0.01
+    waiting = False
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            if time.monotonic() + delay > deadline:
+                raise
+            if not waiting and on_wait is not None:
+                on_wait()
+            waiting = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+            continue
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+
+def call(
+    path: Path,
+    request: dict[str, Any],
+    timeout: float = 60.0,
+    *,
+    wait_for_server: float = 0.0,
+    on_wait: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Send one request and return the reply object (blocking; for the CLI).
+
+    Args:
+        path: The control socket.
+        request: The request object.
+        timeout: Socket timeout for the exchange.
+        wait_for_server: How long to wait for an emulator that is still starting.
+        on_wait: Called once if the emulator is not there yet and we start waiting.
+    """
+    s = _connect(path, timeout, wait_for_server, on_wait)
     try:
-        s.connect(str(path))
         s.sendall(json.dumps(request).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):
