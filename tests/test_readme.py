@@ -1,0 +1,23 @@
+"""The README shows the tested example plugin verbatim, and names the two set-up commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_embeds_the_minimal_example_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples/minimal.py").read_text()
+    code = example.split('"""', 2)[2].strip()  # the example without its docstring
+    assert code in readme
+
+
+def test_readme_quick_start_commands_exist_in_the_makefile() -> None:
+    readme = (ROOT / "README.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("demo", "test"):
+        assert f"make {target}" in readme
+        assert f"\n{target}:" in makefile
+    assert "make test" in (ROOT / ".ci/run").read_text()
