@@ -252,9 +252,14 @@ async def test_runtime_view_merge_and_conflicts(emu: Emulator, plugin: PluginFac
     assert [d.host_path for d in rt.devices] == ["/dev/a0"]
     assert rt.annotations == {"k": "a"}
     assert rt.cdi_devices == ("vendor.com/c=one", "vendor.com/c=two")
-    assert len(rt.conflicts) == 4
-    assert rt.conflicts[0].startswith(
-        '"Environment variable has conflicting setting" envKey="SHARED" expected="2" got="1"'
+    at = f'resource="{G}"'
+    assert rt.conflicts == (
+        f'"Environment variable has conflicting setting" envKey="SHARED" expected="2" got="1" {at}',
+        '"Container device has conflicting mapping host devices" '
+        f'containerPath="/dev/x" got="/dev/a0" expected="/dev/b0" {at}',
+        '"Container mount has conflicting mapping host mounts" '
+        f'containerPath="/m" got="/host/a" expected="/host/b" {at}',
+        f'"Annotation has conflicting setting" annotationKey="k" expected="a" got="b" {at}',
     )
 
 

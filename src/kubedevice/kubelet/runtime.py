@@ -9,11 +9,56 @@ order is Go-map order, i.e. unspecified).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from kubedevice.kubelet.types import ContainerAllocation, DeviceSpec, Mount, RuntimeView
 
 __all__ = ["merge_allocations"]
+
+T = TypeVar("T")
+
+
+# The kubelet's log lines for conflicts; {old} is the value kept (first seen), {new} the other.
+_ENV_CONFLICT = (
+    '"Environment variable has conflicting setting" envKey="{key}" expected="{new}" got="{old}"'
+)
+_DEVICE_CONFLICT = (
+    '"Container device has conflicting mapping host devices" '
+    'containerPath="{key}" got="{old}" expected="{new}"'
+)
+_MOUNT_CONFLICT = (
+    '"Container mount has conflicting mapping host mounts" '
+    'containerPath="{key}" got="{old}" expected="{new}"'
+)
+_ANNOTATION_CONFLICT = (
+    '"Annotation has conflicting setting" annotationKey="{key}" expected="{old}" got="{new}"'
+)
+
+
+def _first_wins(
+    seen: dict[str, T],
+    key: str,
+    item: T,
+    value: Callable[[T], str],
+    conflict: str,
+    resource: str,
+    conflicts: list[str],
+) -> None:
+    """Keep the first ``item`` per ``key``; a later one with another value is a conflict."""
+    if key not in seen:
+        seen[key] = item
+    elif (old := value(seen[key])) != (new := value(item)):
+        line = conflict.format(key=key, old=old, new=new)
+        conflicts.append(f'{line} resource="{resource}"')
+
+
+def _text(value: str) -> str:
+    return value
+
+
+def _host_path(item: DeviceSpec | Mount) -> str:
+    return item.host_path
 
 
 def merge_allocations(per_resource: Mapping[str, ContainerAllocation]) -> RuntimeView:
@@ -24,50 +69,17 @@ def merge_allocations(per_resource: Mapping[str, ContainerAllocation]) -> Runtim
     annotations: dict[str, str] = {}
     cdi: dict[str, None] = {}
     conflicts: list[str] = []
-    for resource in sorted(per_resource):
-        resp = per_resource[resource]
+    for res in sorted(per_resource):
+        resp = per_resource[res]
         for k in sorted(resp.envs):
-            v = resp.envs[k]
-            if k in envs:
-                if envs[k] != v:
-                    conflicts.append(
-                        f'"Environment variable has conflicting setting" envKey="{k}" '
-                        f'expected="{v}" got="{envs[k]}" resource="{resource}"'
-                    )
-                continue
-            envs[k] = v
+            _first_wins(envs, k, resp.envs[k], _text, _ENV_CONFLICT, res, conflicts)
         for d in resp.devices:
-            if d.container_path in devices:
-                got = devices[d.container_path].host_path
-                if got != d.host_path:
-                    conflicts.append(
-                        '"Container device has conflicting mapping host devices" '
-                        f'containerPath="{d.container_path}" got="{got}" '
-                        f'expected="{d.host_path}" resource="{resource}"'
-                    )
-                continue
-            devices[d.container_path] = d
+            _first_wins(devices, d.container_path, d, _host_path, _DEVICE_CONFLICT, res, conflicts)
         for m in resp.mounts:
-            if m.container_path in mounts:
-                got = mounts[m.container_path].host_path
-                if got != m.host_path:
-                    conflicts.append(
-                        '"Container mount has conflicting mapping host mounts" '
-                        f'containerPath="{m.container_path}" got="{got}" '
-                        f'expected="{m.host_path}" resource="{resource}"'
-                    )
-                continue
-            mounts[m.container_path] = m
+            _first_wins(mounts, m.container_path, m, _host_path, _MOUNT_CONFLICT, res, conflicts)
         for k in sorted(resp.annotations):
-            v = resp.annotations[k]
-            if k in annotations:
-                if annotations[k] != v:
-                    conflicts.append(
-                        f'"Annotation has conflicting setting" annotationKey="{k}" '
-                        f'expected="{annotations[k]}" got="{v}" resource="{resource}"'
-                    )
-                continue
-            annotations[k] = v
+            value = resp.annotations[k]
+            _first_wins(annotations, k, value, _text, _ANNOTATION_CONFLICT, res, conflicts)
         for name in resp.cdi_devices:
             cdi.setdefault(name, None)
     return RuntimeView(
