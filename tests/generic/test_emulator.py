@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from kubedevice.generic import FakeHost, GenericPlugins, parse_config
@@ -34,19 +32,6 @@ def _pod(name: str, count: int) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {R: count}}}]},
     }
-
-
-@pytest.fixture
-def dp_dir(sock_dir: Path) -> Path:
-    d = sock_dir / "dp"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-async def emu(dp_dir: Path) -> AsyncIterator[Emulator]:
-    async with Emulator(dp_dir, control_socket=False, dial_timeout_s=2.0) as e:
-        yield e
 
 
 async def test_allocated_device_unplugged_keeps_capacity(

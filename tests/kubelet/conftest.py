@@ -14,27 +14,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kubelet_helpers import PluginFactory
 from rawplugin import RawPlugin
 
-from kubedevice.kubelet import Emulator
-
-
-@pytest.fixture
-def dp_dir(sock_dir: Path) -> Path:
-    """The device-plugin dir: a sub-directory, so sibling sockets stay inside ``sock_dir``."""
-    d = sock_dir / "dp"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-async def emu(dp_dir: Path) -> AsyncIterator[Emulator]:
-    """A running emulator (no control socket)."""
-    e = Emulator(dp_dir, control_socket=False, dial_timeout_s=1.0)
-    await e.start()
-    try:
-        yield e
-    finally:
-        await e.stop()
-
 
 @pytest.fixture
 async def plugin(dp_dir: Path) -> AsyncIterator[PluginFactory]:

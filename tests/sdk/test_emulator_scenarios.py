@@ -8,11 +8,8 @@ a connected resource with every device allocatable.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from sdk_helpers import StaticPlugin
 
 import kubedevice
@@ -24,18 +21,6 @@ OPTS: dict[str, Any] = {"stream_grace": 0.2, "backoff_initial": 0.01, "backoff_m
 
 def devs(n: int) -> list[kubedevice.Device]:
     return [kubedevice.Device(id=f"d{i}") for i in range(n)]
-
-
-@pytest.fixture
-async def emu(sock_dir: Path) -> AsyncIterator[Emulator]:
-    emulator = Emulator(
-        sock_dir / "dp", control_socket=False, pod_resources_socket=sock_dir / "pr" / "k.sock"
-    )
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
 
 
 async def _converges(emu: Emulator, since: float, allocatable: int) -> None:
