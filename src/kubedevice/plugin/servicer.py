@@ -28,7 +28,8 @@ __all__ = ["HOOK_ERRORS", "SERVICE_NAME", "DeviceTable", "encode_devices", "make
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "v1beta1.DevicePlugin"
+#: ``v1beta1.DevicePlugin``, taken from the generated descriptor so it cannot drift.
+SERVICE_NAME = dp.DESCRIPTOR.services_by_name["DevicePlugin"].full_name
 
 #: What a failing hook may raise without taking the daemon down. SystemExit too: a library
 #: called inside a hook may raise it, and it would end the event loop with the sockets
@@ -388,6 +389,10 @@ class _Servicer:
 
 
 def _identity(data: bytes) -> bytes:
+    """ListAndWatch messages are encoded once per snapshot and the same bytes go to every
+    stream; that is why this handler table is built here rather than by the generated
+    ``add_DevicePluginServicer_to_server`` (which would re-encode per stream). Every method
+    of the table is called over a real socket by ``tests/sdk``."""
     return data
 
 
