@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from typing import Any
@@ -131,3 +132,23 @@ async def test_command_children_die_with_it(host: FakeHost, how: str) -> None:
             await _exited(child)
     finally:
         watcher.close()
+
+
+
+@pytest.mark.parametrize("code", [0, 3])
+async def test_command_background_children_are_killed_after_every_check(
+    host: FakeHost, tmp_path: Any, code: int
+) -> None:
+    """A check that leaves a background child behind (``(sleep 300 &)``) does not leak it."""
+    pidfile = tmp_path / "child.pid"
+    script = f"(sleep 300 & echo $! > {pidfile}); exit {code}"
+    spec = _spec(command={"argv": ["/bin/sh", "-c", script]})
+    result = await run_check(spec, _dev(host), str(host.sys_root))
+    assert result.healthy is (code == 0)
+    child = int(pidfile.read_text())
+    try:
+        async with asyncio.timeout(10):
+            await _exited(child)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, 9)

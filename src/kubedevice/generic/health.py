@@ -1,7 +1,10 @@
 """Per-group health checks: a sysfs attribute with an expected value, or a command.
 
 A check that cannot run (attribute unreadable, command missing or timed out) reports the
-device unhealthy with the reason; it is never assumed healthy.
+device unhealthy with the reason; it is never assumed healthy. A command runs in a process
+group of its own, and the whole group is killed when the check ends (exit, timeout or
+cancel), so children it left in the background do not pile up. Only a child that leaves
+the group (``setsid``, a daemon that starts its own session) escapes.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ async def run_check(spec: HealthSpec, dev: PhysicalDevice, sys_root: str) -> Che
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: a timeout kills its children
+                start_new_session=True,  # its own process group, killed when the check ends
             )
         except OSError as exc:
             return CheckResult(False, f"cannot start {argv[0]}: {exc.strerror or exc}")
@@ -93,6 +96,9 @@ async def run_check(spec: HealthSpec, dev: PhysicalDevice, sys_root: str) -> Che
             _kill_group(proc.pid)
             await asyncio.shield(proc.wait())
             raise
+        finally:
+            # Every check, not only a timed-out one: `(sleep 300 &)` must not outlive it.
+            _kill_group(proc.pid)
         if code != 0:
             return CheckResult(False, f"command {argv[0]} exited with status {code}")
     return CheckResult(True)
