@@ -203,8 +203,20 @@ async def _abort(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _ids_text(ids: Sequence[str]) -> str:
-    return ", ".join(repr(i) for i in ids)
+#: At most this many IDs are named in an error (a status must fit gRPC's metadata limit).
+MAX_IDS_IN_ERROR = 20
+
+
+def _ids_label(what: str, ids: Sequence[str]) -> str:
+    """``"<what> device IDs: 'a', 'b'"``, naming only the first :data:`MAX_IDS_IN_ERROR`.
+
+    Without the cap, a request with a few hundred bad IDs gets a status too large for
+    gRPC's metadata (the caller then sees RESOURCE_EXHAUSTED) and a megabyte log line.
+    """
+    shown = ", ".join(repr(i[:100]) for i in ids[:MAX_IDS_IN_ERROR])
+    if len(ids) > MAX_IDS_IN_ERROR:
+        return f"{what} device IDs (first {MAX_IDS_IN_ERROR} of {len(ids)}): {shown}, ..."
+    return f"{what} device IDs: {shown}"
 
 
 def _check_request(table: DeviceTable, ids: Sequence[str], index: int) -> str | list[Device]:
@@ -218,15 +230,15 @@ def _check_request(table: DeviceTable, ids: Sequence[str], index: int) -> str | 
             dups.append(dev_id)
         seen.add(dev_id)
     if dups:
-        return f"container request {index} names duplicate device IDs: {_ids_text(dups)}"
+        return f"container request {index} names {_ids_label('duplicate', dups)}"
     by_id = table.by_id
     unknown = [i for i in ids if i not in by_id]
     if unknown:
-        return f"container request {index} names unknown device IDs: {_ids_text(unknown)}"
+        return f"container request {index} names {_ids_label('unknown', unknown)}"
     devices = [by_id[i] for i in ids]
     unhealthy = [d.id for d in devices if d.health is not Health.HEALTHY]
     if unhealthy:
-        return f"container request {index} names unhealthy device IDs: {_ids_text(unhealthy)}"
+        return f"container request {index} names {_ids_label('unhealthy', unhealthy)}"
     return devices
 
 
@@ -378,7 +390,7 @@ class _Servicer:
             await _abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"PreStartContainer names unknown device IDs: {_ids_text(unknown)}",
+                f"PreStartContainer names {_ids_label('unknown', unknown)}",
             )
         try:
             await self.plugin.pre_start([by_id[i] for i in request.devices_ids])
@@ -394,6 +406,45 @@ def _identity(data: bytes) -> bytes:
     ``add_DevicePluginServicer_to_server`` (which would re-encode per stream). Every method
     of the table is called over a real socket by ``tests/sdk``."""
     return data
+
+
+class _Undecodable:
+    """What a request that is not valid protobuf decodes to; answered INVALID_ARGUMENT."""
+
+    __slots__ = ("message", "reason")
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.message = message
+        self.reason = reason
+
+
+def _parser(message_type: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises (grpcio would answer UNKNOWN)."""
+    from_string = message_type.FromString
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return from_string(data)
+        except Exception as exc:  # DecodeError, or anything else a parser may raise
+            return _Undecodable(name, str(exc)[:200])
+
+    return parse
+
+
+def _decoded(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Wrap an RPC method: an undecodable request gets INVALID_ARGUMENT, not UNKNOWN."""
+
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if type(request) is _Undecodable:
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request is not a valid {request.message} protobuf message: {request.reason}",
+            )
+        return await method(request, context)
+
+    return call
 
 
 def make_handler(
@@ -414,28 +465,28 @@ def make_handler(
         SERVICE_NAME,
         {
             "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                svc.get_options,
-                request_deserializer=dp.Empty.FromString,
+                _decoded(svc.get_options),
+                request_deserializer=_parser(dp.Empty),
                 response_serializer=dp.DevicePluginOptions.SerializeToString,
             ),
             "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                svc.list_and_watch,
-                request_deserializer=dp.Empty.FromString,
+                _decoded(svc.list_and_watch),
+                request_deserializer=_parser(dp.Empty),
                 response_serializer=_identity,
             ),
             "Allocate": grpc.unary_unary_rpc_method_handler(
-                svc.allocate,
-                request_deserializer=dp.AllocateRequest.FromString,
+                _decoded(svc.allocate),
+                request_deserializer=_parser(dp.AllocateRequest),
                 response_serializer=dp.AllocateResponse.SerializeToString,
             ),
             "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-                svc.get_preferred_allocation,
-                request_deserializer=dp.PreferredAllocationRequest.FromString,
+                _decoded(svc.get_preferred_allocation),
+                request_deserializer=_parser(dp.PreferredAllocationRequest),
                 response_serializer=dp.PreferredAllocationResponse.SerializeToString,
             ),
             "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                svc.pre_start_container,
-                request_deserializer=dp.PreStartContainerRequest.FromString,
+                _decoded(svc.pre_start_container),
+                request_deserializer=_parser(dp.PreStartContainerRequest),
                 response_serializer=dp.PreStartContainerResponse.SerializeToString,
             ),
         },
