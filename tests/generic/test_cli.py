@@ -139,3 +139,17 @@ async def test_run_with_bad_metrics_address_exits_2(host: FakeHost, sock_dir: Pa
         "error: metrics address: expected HOST:PORT with a port 0-65535 (got 'localhost:http')"
     )
     assert "Traceback" not in out
+
+
+async def test_validate_huge_integer_is_one_line_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "big.yaml"
+    bad.write_text(
+        "version: v1\nresources:\n- name: example.com/x\n  groups:\n"
+        f"  - paths: [{{path: /dev/x}}]\n    count: {'9' * 5000}\n"
+    )
+    code, out = await _exec("validate", str(bad))
+    assert code == 2, out
+    assert out == (
+        f"error: {bad}: resources[0].groups[0].count: out of range (got an integer of "
+        "5000 digits)\n"
+    )

@@ -476,3 +476,31 @@ async def test_reload_without_a_file_is_refused() -> None:
     plugins = GenericPlugins(parse_config(_res()))
     with pytest.raises(ConfigError, match="no config file to reload from"):
         await plugins.reload()
+
+
+@pytest.mark.parametrize("digits", [40, 1000, 5000])
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("    count: {n}\n", "resources[0].groups[0].count"),
+        ("    health: {{periodSeconds: {n}, command: {{argv: [x]}}}}\n", "periodSeconds"),
+        ("  limit: -{n}\n", "resources[0].limit"),
+    ],
+)
+def test_huge_integer_is_one_line_naming_the_field(
+    tmp_path: Path, digits: int, where: str, field: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    body = where.format(n="9" * digits)
+    group = "  - paths: [{path: /dev/x}]\n" + (body if not body.startswith("  limit") else "")
+    top = body if body.startswith("  limit") else ""
+    path.write_text(
+        "version: v1\nresources:\n- name: example.com/x\n" + top + "  groups:\n" + group
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert len(text.splitlines()) == 1
+    assert field in text
+    assert f"an integer of {digits} digits" in text
+    assert len(text) < 300

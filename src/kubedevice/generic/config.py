@@ -349,7 +349,10 @@ def _got(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return repr(value)
+    if isinstance(value, _HugeInt):
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def _message(err: ErrorDetails) -> str:
@@ -358,6 +361,8 @@ def _message(err: ErrorDetails) -> str:
     value = err.get("input")
     if kind == "missing":
         return "required field is missing"
+    if isinstance(value, _HugeInt) and kind != "string_type":
+        return f"out of range (got {value})"
     if kind == "extra_forbidden":
         allowed = _allowed_keys(err["loc"])
         return "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
@@ -432,6 +437,27 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
+#: Integers with more digits than this are out of range for every field (int64 has 19).
+_MAX_INT_DIGITS = 20
+
+
+class _HugeInt:
+    """What a YAML integer with more than :data:`_MAX_INT_DIGITS` digits loads as.
+
+    It is never converted to an ``int``: Python refuses that beyond 4300 digits (a
+    ``ValueError`` deep in the YAML loader) and below that it is only slow. Every field
+    refuses it, so the error names the field like any other out-of-range value.
+    """
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses duplicate mapping keys (PyYAML keeps the last one)."""
 
@@ -454,7 +480,15 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     return loader.construct_mapping(node)
 
 
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    body = str(loader.construct_scalar(node)).replace("_", "").lstrip("+-")
+    if len(body) > _MAX_INT_DIGITS + 2:  # + 2: room for a 0x, 0o or 0b prefix
+        return _HugeInt(len(body))
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def load_config(path: str | Path) -> Config:
