@@ -504,3 +504,16 @@ def test_huge_integer_is_one_line_naming_the_field(
     assert field in text
     assert f"an integer of {digits} digits" in text
     assert len(text) < 300
+
+
+def test_resource_names_sharing_a_socket_name_are_refused() -> None:
+    doc = _res()
+    doc["resources"].append({**doc["resources"][0]})
+    doc["resources"][0]["name"] = "example.com/a-b"
+    doc["resources"][1]["name"] = "example.com-a/b"
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc, "c.yaml")
+    assert str(info.value) == (
+        "c.yaml: resources[1].name: 'example.com-a/b' maps to the socket name "
+        "'example.com-a-b.sock', like 'example.com/a-b'; rename one of them"
+    )

@@ -134,7 +134,6 @@ async def test_command_children_die_with_it(host: FakeHost, how: str) -> None:
         watcher.close()
 
 
-
 @pytest.mark.parametrize("code", [0, 3])
 async def test_command_background_children_are_killed_after_every_check(
     host: FakeHost, tmp_path: Any, code: int

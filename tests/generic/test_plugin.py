@@ -547,3 +547,82 @@ async def test_cancelled_stop_still_cleans_up_and_propagates(
         with pytest.raises(asyncio.CancelledError):
             await stopping
     assert os.listdir(sock_dir) == []
+
+
+async def test_refused_reloads_leave_the_old_config_fully_in_force(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reload is all or nothing: after a refused one the next valid one applies whole."""
+    host.add_char_device("/dev/ttyUSB0")
+    host.add_char_device("/dev/ttyUSB1")
+    host.add_char_device("/dev/fuse")
+    path = host.root / "config.yaml"
+    only_usb1 = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB1"}]}]}
+    fuse = {"name": "example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+    a_b = {"name": "example.com/a-b", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+    a_b2 = {"name": "example.com-a/b", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+
+    def write(text: str) -> None:
+        tmp = host.root / ".config.yaml.tmp"
+        tmp.write_text(text)
+        tmp.replace(path)
+
+    write(yaml.safe_dump(_doc(host, SERIAL)))
+    from kubedevice.generic import load_config
+
+    plugins = GenericPlugins(load_config(path), device_plugin_dir=sock_dir, config_path=path)
+    caplog.set_level(logging.ERROR, logger="kubedevice.generic")
+    async with plugins, asyncio.timeout(20):
+        await kubelet.wait("example.com/serial", lambda s: len(s) == 2)
+        old = plugins.config
+        # 1. Two names, one socket name: refused by validation.
+        write(yaml.safe_dump(_doc(host, only_usb1, a_b, a_b2)))
+        await plugins.wait_reloaded(1)
+        # 2. A thousands-digit integer: refused by validation, no traceback.
+        write(
+            yaml.safe_dump(_doc(host, SERIAL)).replace(
+                "groups:", "limit: " + "9" * 3000 + "\n  groups:", 1
+            )
+        )
+        await plugins.wait_reloaded(2)
+        # 3. Valid, but the new resource's socket path is taken by a file: refused while
+        #    applying it, and undone: the changed resource keeps its old spec.
+        blocker = sock_dir / "example.com-fuse.sock"
+        blocker.write_text("not a socket")
+        write(yaml.safe_dump(_doc(host, only_usb1, fuse)))
+        await plugins.wait_reloaded(3)
+        assert plugins.config == old
+        assert plugins.resources == ["example.com/serial"]
+        assert plugins.server.resource_names == ("example.com/serial",)
+        assert plugins.plugin("example.com/serial").spec == old.resources[0]
+        assert blocker.read_text() == "not a socket"
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 3, [r.getMessage()[:200] for r in errors]
+        assert all("new config rejected" in r.getMessage() for r in errors)
+        assert all(r.exc_info is None for r in errors)
+        assert "'example.com-a-b.sock'" in errors[0].getMessage()
+        assert "out of range (got an integer of 3000 digits)" in errors[1].getMessage()
+        assert "exists and is not a socket" in errors[2].getMessage()
+        host.add_char_device("/dev/ttyUSB2")  # the old glob still applies
+        await kubelet.wait("example.com/serial", lambda s: len(s) == 3)
+        # 4. The next valid config applies whole (the same file again: SIGHUP's way).
+        blocker.unlink()
+        plugins.request_reload()
+        await plugins.wait_reloaded(4)
+        assert plugins.resources == ["example.com/serial", "example.com/fuse"]
+        await kubelet.wait("example.com/serial", lambda s: s == {"ttyUSB1": "Healthy"})
+        await kubelet.wait("example.com/fuse", lambda s: s == {"fuse": "Healthy"})
+
+
+async def test_reload_hands_a_socket_name_to_a_new_resource(
+    host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
+) -> None:
+    host.add_char_device("/dev/fuse")
+    a_b = {"name": "example.com/a-b", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+    a_b2 = {"name": "example.com-a/b", "groups": [{"paths": [{"path": "/dev/fuse"}]}]}
+    async with _plugins(host, sock_dir, a_b) as plugins, asyncio.timeout(20):
+        await kubelet.wait("example.com/a-b", lambda s: s == {"fuse": "Healthy"})
+        await plugins.reload(parse_config(_doc(host, a_b2)))
+        assert plugins.server.resource_names == ("example.com-a/b",)
+        await kubelet.wait_registered("example.com-a/b")
+        await kubelet.wait("example.com-a/b", lambda s: s == {"fuse": "Healthy"})

@@ -32,7 +32,7 @@ from kubedevice.generic.templates import (
     Template,
     TemplateError,
 )
-from kubedevice.plugin import validate_resource_name
+from kubedevice.plugin import default_socket_name, validate_resource_name
 
 __all__ = [
     "CommandCheck",
@@ -274,10 +274,18 @@ class Config(_Model):
     @model_validator(mode="after")
     def _unique(self) -> Config:
         seen: set[str] = set()
+        sockets: dict[str, str] = {}
         for i, res in enumerate(self.resources):
             if res.name in seen:
                 raise ValueError(f"resources[{i}].name: duplicate resource name {res.name!r}")
             seen.add(res.name)
+            sock = default_socket_name(res.name)
+            if sock in sockets:
+                raise ValueError(
+                    f"resources[{i}].name: {res.name!r} maps to the socket name {sock!r}, "
+                    f"like {sockets[sock]!r}; rename one of them"
+                )
+            sockets[sock] = res.name
         return self
 
     def with_roots(self, dev_root: str | None = None, sys_root: str | None = None) -> Config:

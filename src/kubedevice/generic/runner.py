@@ -346,8 +346,6 @@ class GenericPlugins:
         old_specs = {r.name: r for r in old.resources}
         new_specs = {r.name: r for r in config.resources}
         keep_changed = config.keep_unhealthy_seconds != old.keep_unhealthy_seconds
-        # Synchronous part first, so a scan triggered meanwhile sees a consistent state.
-        stopping: list[asyncio.Task[None]] = []
         removed = [n for n in self._plugins if n not in new_specs]
         changed = [
             n
@@ -355,6 +353,14 @@ class GenericPlugins:
             if n in self._plugins and (spec != old_specs[n] or keep_changed)
         ]
         added = [n for n in new_specs if n not in self._plugins]
+        # First the step that can fail (binding the new sockets), with nothing else
+        # changed yet: a refused reload leaves the old config fully in force.
+        fresh = await self._add_all(
+            [GenericResourcePlugin(new_specs[n], config.keep_unhealthy_seconds) for n in added],
+            removed,
+        )
+        # Then the synchronous switch, so a scan triggered meanwhile sees a consistent state.
+        stopping: list[asyncio.Task[None]] = []
         for name in removed + changed:
             stopping.extend(self._cancel_health(name))
         self._config = config
@@ -367,26 +373,53 @@ class GenericPlugins:
             plugin.close()
         for name in changed:
             self._plugins[name].reconfigure(new_specs[name], config.keep_unhealthy_seconds)
-        for name in added:
-            self._plugins[name] = GenericResourcePlugin(
-                new_specs[name], config.keep_unhealthy_seconds
-            )
+        self._plugins.update(fresh)
         self._plugins = {name: self._plugins[name] for name in new_specs}
         self.rescan()
         # Then the parts that wait: old health tasks, sockets, registrations.
         for task in stopping:
             await _reap(task)
         for name in removed:
-            await self.server.remove(name)
+            if name in self.server.resource_names:  # not already freed by _add_all
+                await self.server.remove(name)
             log.info("resource removed", extra={"resource": name})
         for name in changed:
             self._start_health(name)
             log.info("resource updated", extra={"resource": name})
         for name in added:
-            await self.server.add(self._plugins[name])
             self._start_health(name)
             log.info("resource added", extra={"resource": name})
         log.info("config reloaded")
+
+    async def _add_all(
+        self, plugins: list[GenericResourcePlugin], removed: list[str]
+    ) -> dict[str, GenericResourcePlugin]:
+        """Serve every new plugin, or none: on a failure the ones added are removed again.
+
+        A resource being removed whose socket name a new one takes is removed first (and
+        put back if the reload is refused).
+
+        Raises:
+            ConfigError: A new plugin could not be served; nothing was changed.
+        """
+        sockets = {self._plugins[n].effective_socket_name(): n for n in removed}
+        done: list[GenericResourcePlugin] = []
+        freed: list[str] = []
+        try:
+            for plugin in plugins:
+                holder = sockets.get(plugin.effective_socket_name())
+                if holder is not None:
+                    await self.server.remove(holder)
+                    freed.append(holder)
+                await self.server.add(plugin)
+                done.append(plugin)
+        except KubeDeviceError as exc:
+            for plugin in done:
+                await self.server.remove(plugin.resource_name)
+            for name in freed:
+                await self.server.add(self._plugins[name])
+            raise ConfigError(f"{exc}; nothing was changed") from exc
+        return {p.resource_name: p for p in done}
 
 
 def _config_dirs(path: Path) -> set[str]:
