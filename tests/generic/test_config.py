@@ -517,3 +517,17 @@ def test_resource_names_sharing_a_socket_name_are_refused() -> None:
         "c.yaml: resources[1].name: 'example.com-a/b' maps to the socket name "
         "'example.com-a-b.sock', like 'example.com/a-b'; rename one of them"
     )
+
+
+def test_limit_times_count_that_cannot_fit_the_kubelets_message_is_refused() -> None:
+    doc = _res(count=10000)
+    doc["resources"][0]["limit"] = 1000
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc, "c.yaml")
+    assert str(info.value).startswith(
+        "c.yaml: resources[0].limit: 1000 devices x count 10000 = 10000000 device IDs can "
+        "exceed the kubelet's 4 MiB ListAndWatch message"
+    )
+    doc = _res(count=10000)
+    doc["resources"][0]["limit"] = 4  # 40,000 IDs always fit
+    parse_config(doc, "c.yaml")

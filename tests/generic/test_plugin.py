@@ -626,3 +626,50 @@ async def test_reload_hands_a_socket_name_to_a_new_resource(
         assert plugins.server.resource_names == ("example.com-a/b",)
         await kubelet.wait_registered("example.com-a/b")
         await kubelet.wait("example.com-a/b", lambda s: s == {"fuse": "Healthy"})
+
+
+async def test_replicas_that_cannot_fit_one_message_are_refused_before_they_are_built(
+    host: FakeHost, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for i in range(50):  # 50 devices x 10,000 replicas: about 13 MB of IDs
+        host.add_char_device(f"/dev/ttyUSB{i}")
+    res = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}
+    res["groups"][0]["count"] = 10000
+    caplog.set_level(logging.ERROR, logger="kubedevice")
+    async with _plugins(host, sock_dir, res) as plugins:
+        plugin = plugins.plugin("example.com/serial")
+        assert plugin.snapshot == ()  # nothing built, nothing sent
+        errors = [r.getMessage() for r in caplog.records if r.name.startswith("kubedevice.generic")]
+        assert len(errors) == 1, errors
+        assert "500000 device IDs" in errors[0]
+        assert "over the kubelet's limit of 4194304 bytes" in errors[0]
+        for i in range(45):  # 5 devices x 10,000 replicas fit
+            host.remove(f"/dev/ttyUSB{i}")
+        async with asyncio.timeout(10):
+            snap = await plugin.wait_for(lambda s: len(s) == 50_000)
+        assert snap[0].id == "ttyUSB45::0"
+
+
+async def test_encoded_size_is_exact(host: FakeHost) -> None:
+    from kubedevice.generic.discovery import Scanner
+    from kubedevice.generic.resource import GenericResourcePlugin
+    from kubedevice.plugin import Health
+    from kubedevice.plugin.servicer import encode_devices
+
+    host.add_char_device("/dev/ttyUSB0", numa_node=0)
+    host.add_char_device("/dev/ttyUSB1", numa_node=3)
+    host.add_char_device("/dev/ttyUSB2")
+    doc = _doc(host, {**SERIAL, "groups": [{"paths": [{"path": "/dev/ttyUSB*"}], "count": 123}]})
+    config = parse_config(doc)
+    plugin = GenericResourcePlugin(config.resources[0], 1.0)
+    plugin.apply_scan(Scanner(config).scan()["example.com/serial"])
+    snapshot = plugin.build_snapshot()
+    assert {d.health for d in snapshot} == {Health.HEALTHY}
+    assert plugin.encoded_size() == len(encode_devices(snapshot))
+    host.remove("/dev/ttyUSB2")  # never allocated: dropped; ttyUSB1 allocated: Unhealthy
+    await plugin.allocate([d for d in snapshot if d.id == "ttyUSB1::7"])
+    host.remove("/dev/ttyUSB1")
+    plugin.apply_scan(Scanner(config).scan()["example.com/serial"])
+    snapshot = plugin.build_snapshot()
+    assert {d.health for d in snapshot} == {Health.HEALTHY, Health.UNHEALTHY}
+    assert plugin.encoded_size() == len(encode_devices(snapshot))

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
+from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES
 from kubedevice.errors import ConfigError, InvalidResourceNameError
 from kubedevice.generic.templates import (
     CDI_VARIABLES,
@@ -48,6 +49,10 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
+
+#: Advertised IDs that always fit one ListAndWatch message: an entry of the longest kind
+#: (a 63-character ID, "::9999", "Unhealthy", a NUMA node) encodes to at most 100 bytes.
+MAX_IDS_PER_MESSAGE = KUBELET_MAX_RECV_MESSAGE_BYTES // 100
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GROUP_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,30}[A-Za-z0-9])?")
@@ -252,6 +257,17 @@ class ResourceSpec(_Model):
     placement: Literal["spread", "pack"] = "spread"
 
     @model_validator(mode="after")
+    def _fits_one_message(self) -> ResourceSpec:
+        count = max(g.count for g in self.groups)
+        if self.limit is not None and self.limit * count > MAX_IDS_PER_MESSAGE:
+            raise ValueError(
+                f"limit: {self.limit} devices x count {count} = {self.limit * count} device "
+                "IDs can exceed the kubelet's 4 MiB ListAndWatch message (at most "
+                f"{MAX_IDS_PER_MESSAGE} IDs of the longest kind fit); lower limit or count"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_groups(self) -> ResourceSpec:
         seen: set[str] = set()
         for i, group in enumerate(self.groups):
@@ -420,7 +436,7 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
             continue
         msg = _message(err)
         # model-level validators report "resources[0].name: ..." themselves.
-        if err["type"] == "value_error" and re.match(r"^[A-Za-z]+[\[.][^ ]*: ", msg):
+        if err["type"] == "value_error" and re.match(r"^[A-Za-z]+(?:[\[.][^ ]*)?: ", msg):
             sub, _, msg = msg.partition(": ")
             prefix = _loc_text(loc)
             path = f"{prefix}.{sub}" if loc and not sub.startswith("[") else prefix + sub

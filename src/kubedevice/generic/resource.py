@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES
 from kubedevice.generic.config import GroupSpec, ResourceSpec
 from kubedevice.generic.discovery import PhysicalDevice
 from kubedevice.generic.health import CheckResult
@@ -34,6 +35,19 @@ __all__ = ["GenericResourcePlugin", "Snapshot"]
 log = logging.getLogger(__name__)
 
 Snapshot = tuple[Device, ...]
+
+_HEALTH_WIRE = {Health.HEALTHY: "Healthy", Health.UNHEALTHY: "Unhealthy"}
+
+
+def _varint_len(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _entry_len(id_len: int, health_len: int, topology_len: int) -> int:
+    """Encoded bytes of one ``Device`` inside a ``ListAndWatchResponse``."""
+    inner = 1 + _varint_len(id_len) + id_len + 1 + _varint_len(health_len) + health_len
+    inner += topology_len
+    return 1 + _varint_len(inner) + inner
 
 
 @dataclass(slots=True)
@@ -63,6 +77,9 @@ class GenericResourcePlugin(DevicePlugin):
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self._scanned = False
+        #: The kubelet's message limit; a larger list is never built.
+        self.max_message_bytes = KUBELET_MAX_RECV_MESSAGE_BYTES
+        self._too_big: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------- state in
 
@@ -215,8 +232,52 @@ class GenericResourcePlugin(DevicePlugin):
         entry.cache = (phys, group, health, devices)
         return devices
 
+    def encoded_size(self) -> int:
+        """Bytes the current device list takes in a ListAndWatch message, without building it.
+
+        Computed from the IDs' lengths, so a list that cannot be sent (say, a glob
+        matching 100 nodes with ``count: 10000``) is refused before a million device
+        objects are made.
+        """
+        total = 0
+        for entry in self._entries.values():
+            health = len(_HEALTH_WIRE[self._health(entry)])
+            numa = entry.phys.numa_node
+            topology = 0
+            if numa is not None:
+                node = 0 if numa == 0 else 1 + _varint_len(numa)
+                nodes = 1 + _varint_len(node) + node
+                topology = 1 + _varint_len(nodes) + nodes
+            base = len(entry.phys.id)
+            count = entry.group.count
+            if count == 1:
+                total += _entry_len(base, health, topology)
+                continue
+            low = 0
+            for digits in range(1, len(str(count - 1)) + 1):  # replicas "::0".."::<count-1>"
+                high = min(count, 10**digits)
+                total += (high - low) * _entry_len(base + 2 + digits, health, topology)
+                low = high
+        return total
+
     def publish(self) -> None:
-        """Push the current snapshot if it changed."""
+        """Push the current snapshot if it changed and fits the kubelet's message size."""
+        size = self.encoded_size()
+        if size > self.max_message_bytes:
+            ids = sum(e.group.count for e in self._entries.values())
+            if self._too_big != (ids, size):
+                self._too_big = (ids, size)
+                log.error(
+                    "NOT advertising the device list: %d device IDs (devices x count) encode "
+                    "to %d bytes, over the kubelet's limit of %d bytes per ListAndWatch "
+                    "message; lower count or set limit. The previous list stays in force",
+                    ids,
+                    size,
+                    self.max_message_bytes,
+                    extra={"resource": self.resource_name},
+                )
+            return
+        self._too_big = None
         snapshot = self.build_snapshot()
         if snapshot == self._snapshot:
             return
