@@ -153,3 +153,17 @@ async def test_validate_huge_integer_is_one_line_exit_2(tmp_path: Path) -> None:
         f"error: {bad}: resources[0].groups[0].count: out of range (got an integer of "
         "5000 digits)\n"
     )
+
+
+async def test_run_with_metrics_port_out_of_range_exits_2(host: FakeHost, sock_dir: Path) -> None:
+    config = host.root / "c.yaml"
+    config.write_text(yaml.safe_dump(_doc(host, "/dev/ttyUSB*")))
+    code, out = await _exec(
+        "run", "-c", str(config), "--device-plugin-dir", str(sock_dir),
+        "--metrics-address", "127.0.0.1:99999",
+    )  # fmt: skip
+    assert code == 2, out
+    assert "Traceback" not in out
+    assert "127.0.0.1:99999" in out
+    assert "port" in out
+    assert os.listdir(sock_dir) == []

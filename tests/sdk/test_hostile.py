@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -90,3 +93,28 @@ async def test_a_request_that_is_not_protobuf_is_invalid_argument(
         # The daemon stays up: a well-formed call on the same channel still works.
         opts = await dp_grpc.DevicePluginStub(channel).GetDevicePluginOptions(dp.Empty())
     assert opts.pre_start_required
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "minimal.py"
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:-1", "nonsense", "[::1]:x"])
+async def test_bad_metrics_address_exits_2_with_one_line(sock_dir: Path, address: str) -> None:
+    with pytest.raises(kubedevice.ConfigError, match="metrics address"):
+        kubedevice.PluginServer(sock_dir, metrics_address=address)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLE),
+        "--device-plugin-dir",
+        str(sock_dir),
+        "--metrics-address",
+        address,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    text = err.decode()
+    assert proc.returncode == 2, text
+    assert "Traceback" not in text
+    assert "metrics address" in text
+    assert address in text
+    assert list(sock_dir.iterdir()) == []

@@ -52,8 +52,11 @@ def run_command(
     stops cleanly with status 0.
     """
     from kubedevice.generic import load_config, run_generic  # lazy: other commands skip pydantic
+    from kubedevice.plugin.metrics import parse_metrics_address
 
     try:
+        if metrics_address is not None:
+            parse_metrics_address(metrics_address)
         load_config(config)  # fail fast, before any socket, with the field named
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)

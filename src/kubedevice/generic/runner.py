@@ -25,7 +25,7 @@ from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
 from kubedevice.generic.watcher import CONFIG_MASK, DirWatcher
-from kubedevice.plugin.metrics import PluginMetrics
+from kubedevice.plugin.metrics import PluginMetrics, parse_metrics_address
 from kubedevice.plugin.server import PluginServer
 
 __all__ = ["GenericPlugins", "run_generic"]
@@ -67,6 +67,8 @@ class GenericPlugins:
         self._config = config
         self._config_path = Path(config_path).absolute() if config_path is not None else None
         self._config_digest = _digest(self._config_path) if self._config_path else None
+        if metrics_address is not None:
+            parse_metrics_address(metrics_address)  # a bad address fails here, before start
         self._metrics_address = metrics_address
         self._metrics = PluginMetrics() if metrics_address is not None else None
         self._http: Any = None

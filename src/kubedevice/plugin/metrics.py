@@ -12,9 +12,33 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["PluginMetrics"]
+__all__ = ["PluginMetrics", "parse_metrics_address"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+
+def parse_metrics_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (or ``:port``, or ``[v6]:port``) into a host and a port.
+
+    Args:
+        address: The address, as given to ``--metrics-address``.
+
+    Returns:
+        The host (``0.0.0.0`` when empty) and the port.
+
+    Raises:
+        ConfigError: It is not ``HOST:PORT`` with a port 0-65535.
+    """
+    from kubedevice.errors import ConfigError
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not port.isascii() or int(port) > 65535:
+        raise ConfigError(
+            f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
 
 
 class PluginMetrics:
@@ -115,13 +139,15 @@ class PluginMetrics:
         Args:
             address: Where to listen.
 
+        Raises:
+            ConfigError: ``address`` is not ``HOST:PORT``.
+            OSError: It cannot be listened on.
+
         Returns:
             The HTTP server; call ``shutdown()`` on it to stop.
         """
         from prometheus_client import start_http_server
 
-        host, _, port = address.rpartition(":")
-        server, _thread = start_http_server(
-            int(port), addr=host or "0.0.0.0", registry=self.registry
-        )
+        host, port = parse_metrics_address(address)
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server

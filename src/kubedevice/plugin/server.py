@@ -447,6 +447,9 @@ class PluginServer:
         metrics_address: ``host:port`` to expose Prometheus metrics on over HTTP while the
             server runs; creates a :class:`PluginMetrics` if ``metrics`` is ``None``.
         max_message_bytes: Largest ListAndWatch message to send (the kubelet's limit).
+
+    Raises:
+        ConfigError: ``metrics_address`` is not ``HOST:PORT`` with a port 0-65535.
     """
 
     def __init__(
@@ -461,10 +464,12 @@ class PluginServer:
         metrics_address: str | None = None,
         max_message_bytes: int = KUBELET_MAX_RECV_MESSAGE_BYTES,
     ) -> None:
-        if metrics is None and metrics_address is not None:
-            from kubedevice.plugin.metrics import PluginMetrics
+        if metrics_address is not None:
+            from kubedevice.plugin.metrics import PluginMetrics, parse_metrics_address
 
-            metrics = PluginMetrics()
+            parse_metrics_address(metrics_address)  # a bad address fails here, not at start
+            if metrics is None:
+                metrics = PluginMetrics()
         self.metrics_address = metrics_address
         self._http: Any = None
         self.device_plugin_dir = resolve_device_plugin_dir(device_plugin_dir)
