@@ -516,9 +516,8 @@ async def test_bad_metrics_address_is_a_clear_error(host: FakeHost, sock_dir: Pa
 
     host.add_char_device("/dev/ttyUSB0")
     cfg = parse_config(_doc(host, SERIAL))
-    bad = GenericPlugins(cfg, device_plugin_dir=sock_dir, metrics_address="nonsense")
-    with pytest.raises(ConfigError) as info:
-        await bad.start()
+    with pytest.raises(ConfigError) as info:  # at once, before anything is started
+        GenericPlugins(cfg, device_plugin_dir=sock_dir, metrics_address="nonsense")
     assert str(info.value) == (
         "metrics address: expected HOST:PORT with a port 0-65535 (got 'nonsense')"
     )
