@@ -4,7 +4,8 @@ Plugin authors use it through ``import kubedevice``. Nothing here imports the ku
 (:mod:`kubedevice.kubelet`, :mod:`kubedevice.conformance`); both share only ``_api``.
 
 Modules: ``types`` (values), ``base`` (:class:`DevicePlugin`), ``config`` (resource-name
-rule, socket names, plugin dir), ``policy`` (GetPreferredAllocation), ``servicer`` (the
+rule, socket names, plugin dir), ``policy`` (GetPreferredAllocation), ``hooks`` (hook
+checks, plain functions run in threads), ``servicer`` (the
 gRPC service and the ListAndWatch fan-out), ``registration`` (Register + backoff),
 ``watch`` (inotify), ``server`` (:class:`PluginServer`), ``runner`` (serve/run/main),
 ``metrics`` (Prometheus, imported only on demand).

@@ -33,7 +33,10 @@ class DevicePlugin:
       :attr:`advertise_preferred_allocation`) advertises ``GetPreferredAllocation``.
     * :meth:`pre_start` - overriding it advertises ``PreStartContainer``.
 
-    Hooks run on the server's event loop: do blocking work with ``asyncio.to_thread``.
+    Hooks written with ``async def`` run on the server's event loop (do blocking work
+    there with ``asyncio.to_thread``); hooks written as plain functions run in a worker
+    thread, and a plain generator ``devices()`` runs in a thread of its own. A hook whose
+    signature cannot take the server's arguments is refused when the plugin is added.
 
     Attributes:
         resource_name: The extended resource name, e.g. ``example.com/gpu``; checked

@@ -31,6 +31,7 @@ from kubedevice.plugin.config import (
     resolve_device_plugin_dir,
     validate_socket_name,
 )
+from kubedevice.plugin.hooks import check_hooks, device_snapshots
 from kubedevice.plugin.registration import Backoff, register
 from kubedevice.plugin.servicer import HOOK_ERRORS, DeviceTable, make_handler
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
@@ -252,7 +253,7 @@ class _Runtime:
 
     async def _source(self) -> None:
         try:
-            async for snapshot in self.plugin.devices():
+            async for snapshot in device_snapshots(self.plugin):
                 self.table.publish(snapshot)
         except asyncio.CancelledError:
             raise
@@ -559,13 +560,15 @@ class PluginServer:
 
         Raises:
             InvalidResourceNameError: The kubelet would reject the plugin's resource name.
-            ConfigError: The resource or socket name is already served here.
+            ConfigError: The resource or socket name is already served here, or a hook
+                cannot take the server's arguments.
             PluginServerError: The server is not running, or the socket cannot be bound.
         """
         if not isinstance(plugin, DevicePlugin):
             raise ConfigError(f"{plugin!r} is not a kubedevice.DevicePlugin")
         resource = plugin.validated_resource_name()
         socket_name = validate_socket_name(plugin.effective_socket_name())
+        check_hooks(plugin)
         async with self._lock:
             if self.state is not ServerState.RUNNING:
                 raise PluginServerError("the PluginServer is not running (use 'async with')")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import grpc
 
 from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES, dp
+from kubedevice.plugin.hooks import async_hook
 from kubedevice.plugin.policy import default_preferred_allocation, enforce_preferred_invariants
 from kubedevice.plugin.types import DEFAULT, ContainerAllocation, Device, Health
 
@@ -275,6 +276,10 @@ class _Servicer:
         self.resource = table.resource
         self.options = plugin.options()
         self._extra = {"resource": self.resource}
+        # async def hooks as they are; plain functions run in a worker thread.
+        self._allocate_hook = async_hook(plugin.allocate)
+        self._preferred_hook = async_hook(plugin.preferred_allocation)
+        self._pre_start_hook = async_hook(plugin.pre_start)
 
     async def get_options(
         self, request: dp.Empty, context: grpc.aio.ServicerContext[Any, Any]
@@ -317,7 +322,7 @@ class _Servicer:
                 log.warning("Allocate refused: %s", checked, extra=self._extra)
                 return grpc.StatusCode.INVALID_ARGUMENT, checked
             try:
-                result = await self.plugin.allocate(checked)
+                result = await self._allocate_hook(checked)
                 if result is DEFAULT:
                     result = ContainerAllocation.merge(checked)
                 elif not isinstance(result, ContainerAllocation):
@@ -350,7 +355,7 @@ class _Servicer:
             must = [by_id[i] for i in must_ids if i in by_id]
             fallback = default_preferred_allocation(available, must, size)
             try:
-                answer = list(await self.plugin.preferred_allocation(available, must, size))
+                answer = list(await self._preferred_hook(available, must, size))
                 if not all(isinstance(i, str) for i in answer):
                     raise TypeError(
                         f"preferred_allocation() must return device IDs, got {answer!r}"
@@ -393,7 +398,7 @@ class _Servicer:
                 f"PreStartContainer names {_ids_label('unknown', unknown)}",
             )
         try:
-            await self.plugin.pre_start([by_id[i] for i in request.devices_ids])
+            await self._pre_start_hook([by_id[i] for i in request.devices_ids])
         except HOOK_ERRORS as exc:
             log.exception("pre_start hook failed", extra=self._extra)
             await _abort(context, grpc.StatusCode.INTERNAL, f"pre_start hook failed: {exc!r}")
