@@ -1,4 +1,6 @@
-"""Logging set-up for the CLI: text or JSON lines on stderr. Never runs on import.
+"""Logging set-up for the CLI and ``kubedevice.main()``: text or JSON lines on stderr.
+
+Never runs on import.
 
 Library modules only call ``logging.getLogger(__name__)`` and pass context through
 ``extra=`` (keys such as ``resource``, ``socket``, ``device_id``); the JSON formatter
@@ -54,14 +56,31 @@ class _TextFormatter(logging.Formatter):
         return f"{base} {' '.join(extras)}" if extras else base
 
 
-def configure_logging(fmt: str = "text", level: str = "info") -> None:
-    """Send kubedevice's logs to stderr in ``fmt`` ("text" or "json") at ``level``."""
+def configure_logging(
+    fmt: str = "text", level: str = "info", *, whole_process: bool = False
+) -> None:
+    """Send logs to stderr in ``fmt`` ("text" or "json") at ``level``.
+
+    Args:
+        fmt: ``text`` or ``json``.
+        level: ``debug``, ``info``, ``warning`` or ``error``.
+        whole_process: Configure the root logger, so every logger of the process (a
+            plugin author's own included) is shown; otherwise only ``kubedevice.*``.
+    """
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("kubedevice")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    ours = logging.getLogger("kubedevice")
+    if whole_process:
+        root = logging.getLogger()
+        root.handlers[:] = [handler]
+        root.setLevel(level.upper())
+        ours.handlers[:] = []
+        ours.setLevel(logging.NOTSET)
+        ours.propagate = True
+        return
+    ours.handlers[:] = [handler]
+    ours.setLevel(level.upper())
+    ours.propagate = False

@@ -79,3 +79,99 @@ async def test_minimal_example_uses_env_dir(sock_dir: Path, kubelet: KubeletDoub
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+ALL_HOOKS = EXAMPLE.parent / "all_hooks.py"
+
+
+async def _lines_until(stream: asyncio.StreamReader, needle: str, seen: list[str]) -> None:
+    while not any(needle in line for line in seen):
+        line = await asyncio.wait_for(stream.readline(), 30)
+        assert line, "".join(seen)
+        seen.append(line.decode())
+
+
+async def test_all_hooks_example_json_logs_of_the_whole_process(
+    sock_dir: Path, kubelet: KubeletDouble
+) -> None:
+    """examples/all_hooks.py: its own option, every hook, and its own logger in JSON."""
+    import json
+    import os
+
+    env = {**os.environ, "KUBEDEVICE_LOG_FORMAT": "json", "KUBEDEVICE_LOG_LEVEL": "info"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ALL_HOOKS),
+        "--device-plugin-dir",
+        str(sock_dir),
+        "--count",
+        "3",
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        (reg,) = await kubelet.wait_registrations(1, timeout=30)
+        assert reg.request.resource_name == "example.com/gadget"
+        assert [i for i, _ in reg.first_list] == ["gadget-0", "gadget-1", "gadget-2"]
+        assert reg.options.pre_start_required
+        assert reg.options.get_preferred_allocation_available
+        sock = sock_dir / reg.request.endpoint
+        async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+            stub = dp_grpc.DevicePluginStub(channel)
+            req = dp.AllocateRequest()
+            req.container_requests.add(devices_ids=["gadget-0", "gadget-2"])
+            resp = (await stub.Allocate(req)).container_responses[0]
+            pref = dp.PreferredAllocationRequest()
+            pref.container_requests.add(
+                available_deviceIDs=["gadget-0", "gadget-1", "gadget-2"],
+                must_include_deviceIDs=["gadget-1"],
+                allocation_size=2,
+            )
+            chosen = (await stub.GetPreferredAllocation(pref)).container_responses[0]
+            await stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=["gadget-1"]))
+        # Several devices: values of one key joined with "," in request order, each once.
+        assert dict(resp.envs) == {"GADGET": "0,2", "GADGET_DRIVER": "v2", "GADGET_COUNT": "2"}
+        assert dict(resp.annotations) == {"example.com/gadgets": "gadget-0,gadget-2"}
+        assert [d.container_path for d in resp.devices] == ["/dev/gadget0", "/dev/gadget2"]
+        assert list(chosen.deviceIDs)[0] == "gadget-1"
+        await _lines_until(proc.stderr, "preparing gadget-1", seen)
+        records = [json.loads(line) for line in seen]  # every line is JSON
+        ours = [(r["logger"], r["msg"]) for r in records if r["logger"] == "gadget"]
+        assert ours == [("gadget", "offering 3 gadgets"), ("gadget", "preparing gadget-1")]
+        assert any(r["logger"].startswith("kubedevice.") for r in records)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_all_hooks_example_help_and_a_bad_environment() -> None:
+    import os
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ALL_HOOKS), "--help", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    text = out.decode()
+    assert proc.returncode == 0
+    for word in (
+        "--count",
+        "KUBEDEVICE_LOG_LEVEL",
+        "KUBEDEVICE_LOG_FORMAT",
+        "DP_DEVICE_PLUGIN_DIR",
+    ):
+        assert word in text
+    env = {**os.environ, "KUBEDEVICE_LOG_LEVEL": "loud"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ALL_HOOKS), env=env, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines()[-1] == (
+        "error: KUBEDEVICE_LOG_LEVEL='loud' is not one of debug, info, warning, error"
+    )

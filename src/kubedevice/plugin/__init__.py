@@ -54,6 +54,7 @@ from kubedevice.plugin.policy import (
     default_preferred_allocation as default_preferred_allocation,
 )
 from kubedevice.plugin.runner import (
+    argument_parser as argument_parser,
     main as main,
     run as run,
     serve as serve,
@@ -87,6 +88,7 @@ __all__ = [
     "PluginOptions",
     "PluginServer",
     "ServerState",
+    "argument_parser",
     "default_preferred_allocation",
     "default_socket_name",
     "main",

@@ -1,5 +1,7 @@
 """Ways to run plugins: ``serve()`` (coroutine), ``run()`` (blocking), ``main()`` (CLI).
 
+``argument_parser()`` gives ``main``'s flags to authors who add options of their own.
+
 ``run`` and ``main`` turn SIGTERM/SIGINT into a clean stop (streams end, sockets removed)
 and return 0; library code never exits the process itself.
 """
@@ -10,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +22,7 @@ from kubedevice.plugin.base import DevicePlugin
 from kubedevice.plugin.server import PluginServer
 from kubedevice.signals import stop_on_signals
 
-__all__ = ["main", "run", "serve"]
+__all__ = ["ENV_LOG_FORMAT", "ENV_LOG_LEVEL", "argument_parser", "main", "run", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -95,35 +98,93 @@ def run(
     return 0
 
 
-def main(*plugins: DevicePlugin, argv: Sequence[str] | None = None) -> int:
-    """Parse the standard flags, configure logging and :func:`run` ``plugins``.
+#: Environment variables the standard flags default to.
+ENV_LOG_LEVEL = "KUBEDEVICE_LOG_LEVEL"
+ENV_LOG_FORMAT = "KUBEDEVICE_LOG_FORMAT"
+_LEVELS = ("debug", "info", "warning", "error")
+_FORMATS = ("text", "json")
 
-    Flags: ``--device-plugin-dir`` (default ``$DP_DEVICE_PLUGIN_DIR`` or the kubelet's),
-    ``--metrics-address``, ``--log-level``, ``--log-format``.
+
+def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The command-line parser :func:`main` uses, for authors to add their own options.
+
+    Flags: ``--device-plugin-dir`` (default ``$DP_DEVICE_PLUGIN_DIR``, else the
+    kubelet's), ``--metrics-address``, ``--log-level`` (default ``$KUBEDEVICE_LOG_LEVEL``,
+    else ``info``) and ``--log-format`` (default ``$KUBEDEVICE_LOG_FORMAT``, else
+    ``text``). Add options, parse, build the plugins and pass the result on::
+
+        parser = kubedevice.argument_parser("My device plugin.")
+        parser.add_argument("--count", type=int, default=4)
+        args = parser.parse_args()
+        raise SystemExit(kubedevice.main(MyPlugin(args.count), args=args))
 
     Args:
-        *plugins: The plugins to serve.
-        argv: The arguments (``sys.argv[1:]`` when ``None``).
+        description: Shown by ``--help``.
 
     Returns:
-        The exit status: 0 after a clean stop, 2 when a plugin cannot be served.
+        A new parser.
     """
-    parser = argparse.ArgumentParser(description="Run a Kubernetes device plugin.")
+    parser = argparse.ArgumentParser(
+        description=description or "Run a Kubernetes device plugin.",
+        epilog=f"Environment: {ENV_DEVICE_PLUGIN_DIR}, {ENV_LOG_LEVEL} and {ENV_LOG_FORMAT} "
+        "give the defaults of --device-plugin-dir, --log-level and --log-format.",
+    )
     parser.add_argument(
         "--device-plugin-dir",
         default=None,
-        help=f"kubelet device plugin directory (default: ${ENV_DEVICE_PLUGIN_DIR} or "
+        help=f"kubelet device plugin directory (env {ENV_DEVICE_PLUGIN_DIR}; default "
         "/var/lib/kubelet/device-plugins)",
     )
-    parser.add_argument("--metrics-address", default=None, help="host:port for Prometheus metrics")
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--metrics-address", default=None, help="serve Prometheus metrics on HOST:PORT"
     )
-    parser.add_argument("--log-format", default="text", choices=["text", "json"])
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get(ENV_LOG_LEVEL) or "info",
+        choices=_LEVELS,
+        help=f"minimum level of log lines (env {ENV_LOG_LEVEL}; default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get(ENV_LOG_FORMAT) or "text",
+        choices=_FORMATS,
+        help=f"log line format (env {ENV_LOG_FORMAT}; default text)",
+    )
+    return parser
+
+
+def main(
+    *plugins: DevicePlugin,
+    argv: Sequence[str] | None = None,
+    args: argparse.Namespace | None = None,
+) -> int:
+    """Parse the standard flags, configure logging for the process and :func:`run` ``plugins``.
+
+    Logging is set up for every logger of the process (the plugin's own included), on
+    stderr, at ``--log-level`` in ``--log-format``. To add options of your own, use
+    :func:`argument_parser` and pass the parsed ``args``.
+
+    Args:
+        *plugins: The plugins to serve.
+        argv: The arguments (``sys.argv[1:]`` when ``None``); ignored with ``args``.
+        args: Arguments already parsed by a parser from :func:`argument_parser`.
+
+    Returns:
+        The exit status: 0 after a clean stop, 2 when the flags, the environment or a
+        plugin is unusable.
+    """
+    if args is None:
+        args = argument_parser().parse_args(argv)
     from kubedevice.log import configure_logging
 
-    configure_logging(fmt=args.log_format, level=args.log_level)
+    for value, allowed, env in (
+        (args.log_level, _LEVELS, ENV_LOG_LEVEL),
+        (args.log_format, _FORMATS, ENV_LOG_FORMAT),
+    ):
+        if value not in allowed:  # a default from the environment is not checked by argparse
+            print(f"error: {env}={value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
+            return 2
+    configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
     try:
         return run(
             *plugins, device_plugin_dir=args.device_plugin_dir, metrics_address=args.metrics_address
