@@ -135,7 +135,8 @@ async def test_all_hooks_example_json_logs_of_the_whole_process(
         assert dict(resp.envs) == {"GADGET": "0,2", "GADGET_DRIVER": "v2", "GADGET_COUNT": "2"}
         assert dict(resp.annotations) == {"example.com/gadgets": "gadget-0,gadget-2"}
         assert [d.container_path for d in resp.devices] == ["/dev/gadget0", "/dev/gadget2"]
-        assert list(chosen.deviceIDs)[0] == "gadget-1"
+        assert chosen.deviceIDs[0] == "gadget-1"
+        assert len(chosen.deviceIDs) == 2
         await _lines_until(proc.stderr, "preparing gadget-1", seen)
         records = [json.loads(line) for line in seen]  # every line is JSON
         ours = [(r["logger"], r["msg"]) for r in records if r["logger"] == "gadget"]
