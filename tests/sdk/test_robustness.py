@@ -63,7 +63,7 @@ async def test_device_plugin_dir_deleted_and_recreated(sock_dir: Path, how: str)
         await kubelet.stop()
 
 
-async def test_no_busy_retry_while_the_directory_is_gone(sock_dir: Path) -> None:
+async def test_no_retry_at_all_while_the_directory_is_gone(sock_dir: Path) -> None:
     dp_dir = sock_dir / "dp"
     dp_dir.mkdir()
     kubelet = KubeletDouble(dp_dir)
@@ -75,16 +75,46 @@ async def test_no_busy_retry_while_the_directory_is_gone(sock_dir: Path) -> None
             await server.add(StaticPlugin(devs(1)))
             await server.wait_registered(RES, timeout=10)
             await kubelet.stop()
-            counter = _Count("cannot listen on")
+            counter = _Count("retrying in")
             with counter, log_event("waiting for it to be re-created") as gone:
                 shutil.rmtree(dp_dir)
                 await asyncio.wait_for(gone.wait(), 10)
-                # Each failed attempt doubles the delay (0.05, 0.1, 0.2, ...): four attempts
-                # take more than 0.3 s; a retry loop that does not wait gets there at once.
-                await asyncio.wait_for(counter.reached(4), 10)
-                assert counter.elapsed() > 0.25, counter.elapsed()
+                # No bind attempt while it is gone: the watcher says when it is back.
+                with log_event("serving on") as serving:
+                    dp_dir.mkdir()
+                    await asyncio.wait_for(serving.wait(), 10)
+            assert counter.times == []
+            assert not dp_dir.joinpath("kubelet.sock").exists()
     finally:
         await kubelet.stop()
+
+
+async def test_a_missing_device_plugin_dir_is_waited_for_never_created(
+    sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dp_dir = sock_dir / "kubelet" / "device-plugins"
+    caplog.set_level(logging.INFO, logger="kubedevice")
+    kubelet = KubeletDouble(dp_dir)
+    try:
+        async with kubedevice.PluginServer(
+            dp_dir, stream_grace=0.2, backoff_initial=0.01, backoff_max=0.2
+        ) as server:
+            await server.add(StaticPlugin(devs(2)))
+            await server.add(StaticPlugin(devs(1), resource_name="example.com/other"))
+            assert not (sock_dir / "kubelet").exists()  # neither it nor its parent
+            with log_event("serving on") as serving:
+                (sock_dir / "kubelet").mkdir()
+                dp_dir.mkdir()  # what the kubelet does
+                await asyncio.wait_for(serving.wait(), 10)
+            await kubelet.start()
+            await server.wait_registered(RES, timeout=10)
+            await server.wait_registered("example.com/other", timeout=10)
+            assert stat.S_IMODE(server.socket_path(RES).lstat().st_mode) == 0o600
+    finally:
+        await kubelet.stop()
+    waiting = [r for r in caplog.records if "waiting for the kubelet to create" in r.getMessage()]
+    assert len(waiting) == 1
+    assert str(dp_dir) in waiting[0].getMessage()
 
 
 class _Count(logging.Handler):

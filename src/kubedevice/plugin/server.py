@@ -121,7 +121,8 @@ class _Runtime:
         pending = self.plugin._kd_pending
         if pending is not None:
             self.table.publish(pending)
-        await self._serve(take_over=True)
+        if self.server.device_plugin_dir.is_dir():  # else the loop serves once it appears
+            await self._serve(take_over=True)
         self.plugin._kd_sink = self.table.publish
         self._tasks = [
             asyncio.create_task(self._source(), name=f"devices {self.resource}"),
@@ -269,14 +270,20 @@ class _Runtime:
             log.info("waiting for the first device list before registering", extra=self.extra)
             await self.table.wait_first()
         backoff = self.server.backoff_factory()
-        first = True
+        first = self._phase is _Phase.SERVING
+        take_over = not first  # the first socket we bind may replace our predecessor's
         while True:
             self._restart.clear()
             if not first:
                 # Only changes from now on may end the wait after a failure.
                 self._kubelet_changed.clear()
+                if not self.server.device_plugin_dir.is_dir():
+                    # The kubelet creates it; we never do. The watcher reports it.
+                    await self._wait(self._kubelet_changed, None)
+                    continue
                 try:
-                    await self._serve(take_over=False)
+                    await self._serve(take_over=take_over)
+                    take_over = False
                 except KubeDeviceError as exc:
                     delay = backoff.next_delay()
                     log.error("%s; retrying in %.1f s", exc, delay, extra=self.extra)
@@ -437,8 +444,8 @@ class PluginServer:
 
     Args:
         device_plugin_dir: The kubelet's device plugin directory; ``None`` means
-            ``$DP_DEVICE_PLUGIN_DIR`` or ``/var/lib/kubelet/device-plugins``. Created
-            (mode 0750) if missing.
+            ``$DP_DEVICE_PLUGIN_DIR`` or ``/var/lib/kubelet/device-plugins``. Never
+            created: when it is missing, the server waits for the kubelet to create it.
         register_timeout: Deadline of each Register call, in seconds.
         stream_grace: How long the kubelet may leave us without a ListAndWatch stream
             (while ``kubelet.sock`` exists) before we register again, in seconds.
@@ -501,7 +508,10 @@ class PluginServer:
         await self.stop()
 
     async def start(self) -> None:
-        """Create the directory if needed and start watching it.
+        """Start watching the directory; one that does not exist yet is waited for.
+
+        The directory is the kubelet's to create: when it is missing, plugins added are
+        served and registered once it appears.
 
         Raises:
             PluginServerError: The server was already started, or the directory is unusable.
@@ -510,14 +520,16 @@ class PluginServer:
             raise PluginServerError(
                 f"PluginServer is {self.state.value}; it cannot be started again"
             )
+        directory = self.device_plugin_dir
+        if not directory.is_dir():
+            if directory.exists():
+                raise PluginServerError(f"{directory} is not a directory")
+            log.info("waiting for the kubelet to create %s", directory)  # never created here
+        self._watcher = DirWatcher(directory, self._on_change)
         try:
-            self.device_plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            await self._watcher.start()
         except OSError as exc:
-            raise PluginServerError(f"cannot create {self.device_plugin_dir}: {exc}") from exc
-        if not self.device_plugin_dir.is_dir():
-            raise PluginServerError(f"{self.device_plugin_dir} is not a directory")
-        self._watcher = DirWatcher(self.device_plugin_dir, self._on_change)
-        await self._watcher.start()
+            raise PluginServerError(f"cannot watch {directory}: {exc}") from exc
         if self.metrics is not None and self.metrics_address is not None:
             try:
                 self._http = self.metrics.serve_http(self.metrics_address)
@@ -552,8 +564,9 @@ class PluginServer:
     async def add(self, plugin: DevicePlugin) -> None:
         """Start serving ``plugin`` and register it (registration continues in the background).
 
-        The resource name is checked before any network call; the socket is bound before
-        this returns, so a path that exists and is not a socket fails here.
+        The resource name and the hooks are checked before any network call; the socket
+        is bound before this returns (when the directory exists; else once it appears),
+        so a path that exists and is not a socket fails here.
 
         Args:
             plugin: The plugin to serve.

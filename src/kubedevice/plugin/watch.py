@@ -2,9 +2,9 @@
 
 Reports the name of every entry created, deleted or moved in the directory; the server
 decides what a change means (kubelet restarted, our socket removed). When the directory
-itself is deleted or moved away, the watcher follows its nearest existing ancestor until
-the directory exists again, then watches it again and reports :data:`OVERFLOW` (re-check
-everything).
+itself is deleted or moved away, or does not exist yet, the watcher follows its nearest
+existing ancestor until the directory exists, then watches it and reports :data:`OVERFLOW`
+(re-check everything). It never creates the directory.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class DirWatcher:
     """Calls ``on_change(name)`` for every entry that appears or disappears in ``directory``.
 
     Args:
-        directory: The directory to watch (must exist when :meth:`start` is called).
+        directory: The directory to watch (waited for if it does not exist yet).
         on_change: Called on the event loop with the entry's base name, or
             :data:`OVERFLOW` when the kernel dropped events or the directory was
             re-created.
@@ -59,9 +59,20 @@ class DirWatcher:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start watching; events that happen after this returns are reported."""
+        """Start watching; events that happen after this returns are reported.
+
+        A directory that does not exist yet is waited for (its nearest existing ancestor
+        is watched); :data:`OVERFLOW` is reported when it appears.
+        """
         self._inotify = Inotify()
-        self._watch = self._inotify.add_watch(self.directory, _MASK)
+        try:
+            self._watch = self._inotify.add_watch(self.directory, _MASK)
+        except OSError as exc:
+            if exc.errno not in _MISSING:
+                self._inotify.close()
+                self._inotify = None
+                raise
+            self._watch = None
         self._task = asyncio.create_task(self._run(), name=f"watch {self.directory}")
 
     async def stop(self) -> None:
@@ -81,16 +92,24 @@ class DirWatcher:
             log.exception("error handling a change of %r in %s", name, self.directory)
 
     async def _run(self) -> None:
+        seen = self._watch is not None
         while True:
+            if self._watch is None:
+                if not await self._wait_for_directory():
+                    return
+                if seen:
+                    log.warning(
+                        "device plugin directory %s is back; watching it again", self.directory
+                    )
+                else:
+                    log.info("device plugin directory %s appeared; watching it", self.directory)
+                seen = True
+                self._notify(OVERFLOW)
             await self._follow()
             log.error(
                 "device plugin directory %s was removed; waiting for it to be re-created",
                 self.directory,
             )
-            self._notify(OVERFLOW)
-            if not await self._wait_for_directory():
-                return
-            log.warning("device plugin directory %s is back; watching it again", self.directory)
             self._notify(OVERFLOW)
 
     async def _follow(self) -> None:
