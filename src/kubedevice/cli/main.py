@@ -26,6 +26,44 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+_FORMATS = click.Choice(["text", "json"])
+_LEVELS = click.Choice(["debug", "info", "warning", "error"])
+
+
+def _relog(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``--log-format``/``--log-level`` given after a subcommand: reconfigure logging."""
+    if value is None:
+        return
+    root = ctx.find_root()
+    chosen = root.meta.setdefault("kubedevice.log", dict(root.params))
+    chosen[param.name or ""] = value
+    configure_logging(fmt=chosen["log_format"], level=chosen["log_level"])
+
+
+def _with_log_options(command: click.Command) -> click.Command:
+    """Accept ``--log-format`` and ``--log-level`` after the (sub)command name too."""
+    names = {p.name for p in command.params}
+    for name, flag, choice in (
+        ("log_format", "--log-format", _FORMATS),
+        ("log_level", "--log-level", _LEVELS),
+    ):
+        if name not in names:
+            command.params.append(
+                click.Option(
+                    [flag, name],
+                    type=choice,
+                    default=None,
+                    expose_value=False,
+                    callback=_relog,
+                    help="As before the subcommand (either place works).",
+                )
+            )
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _with_log_options(sub)
+    return command
+
+
 class _LazyGroup(click.Group):
     """A click group that imports a subcommand's module on first use."""
 
@@ -37,26 +75,29 @@ class _LazyGroup(click.Group):
         if module is None:
             return None
         commands = importlib.import_module(f"kubedevice.cli.{module}").COMMANDS
-        return next((c for c in commands if c.name == cmd_name), None)
+        found = next((c for c in commands if c.name == cmd_name), None)
+        return None if found is None else _with_log_options(found)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kubedevice")
 @click.option(
     "--log-format",
-    type=click.Choice(["text", "json"]),
+    type=_FORMATS,
     default="text",
     show_default=True,
     envvar="KUBEDEVICE_LOG_FORMAT",
-    help="Log line format.",
+    show_envvar=True,
+    help="Log line format (also accepted after the subcommand).",
 )
 @click.option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=_LEVELS,
     default="info",
     show_default=True,
     envvar="KUBEDEVICE_LOG_LEVEL",
-    help="Minimum level of log lines.",
+    show_envvar=True,
+    help="Minimum level of log lines (also accepted after the subcommand).",
 )
 def cli(log_format: str, log_level: str) -> None:
     """Kubernetes device plugins in Python: plugins, a kubelet emulator and a conformance kit."""

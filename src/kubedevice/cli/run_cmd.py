@@ -32,6 +32,7 @@ _CONFIG = click.option(
 @click.option(
     "--device-plugin-dir",
     envvar=ENV_DEVICE_PLUGIN_DIR,
+    show_envvar=True,
     default=None,
     help="Kubelet device plugin directory [default: /var/lib/kubelet/device-plugins].",
 )
