@@ -1,16 +1,20 @@
-"""The README shows the tested example plugin verbatim, and names the two set-up commands."""
+"""The README shows the tested example plugins verbatim, and names the two set-up commands."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_embeds_the_minimal_example_verbatim() -> None:
+@pytest.mark.parametrize("name", ["minimal.py", "all_hooks.py"])
+def test_readme_embeds_the_sdk_examples_verbatim(name: str) -> None:
     readme = (ROOT / "README.md").read_text()
-    example = (ROOT / "examples/minimal.py").read_text()
+    example = (ROOT / "examples" / name).read_text()
     code = example.split('"""', 2)[2].strip()  # the example without its docstring
+    assert f"```python\n# examples/{name}: python examples/{name} " in readme
     assert code in readme
 
 
