@@ -50,9 +50,10 @@ def check_hooks(plugin: DevicePlugin) -> None:
     from kubedevice.plugin.base import DevicePlugin
 
     cls = type(plugin)
+    own = getattr(plugin, "__dict__", {})
     for name, params in HOOK_PARAMETERS.items():
         hook = getattr(plugin, name, None)
-        if getattr(cls, name, None) is getattr(DevicePlugin, name) and name not in vars(plugin):
+        if getattr(cls, name, None) is getattr(DevicePlugin, name) and name not in own:
             continue  # the base class's own: fine
         call = f"{name}({', '.join(params)})"
         where = f"{cls.__name__}.{name}"
