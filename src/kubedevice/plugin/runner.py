@@ -42,7 +42,8 @@ async def serve(
         device_plugin_dir: The device plugin directory (see :func:`resolve_device_plugin_dir`).
         stop: Set it to stop serving.
         metrics_address: ``host:port`` to expose Prometheus metrics on; ``None`` for none.
-        ready: Set once every plugin is serving (registration continues in the background).
+        ready: Set once every plugin is serving (registration continues in the background;
+            with no device plugin directory yet, once they wait for it).
         **server_options: Further :class:`PluginServer` keyword arguments.
 
     Raises:
