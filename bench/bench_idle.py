@@ -283,9 +283,19 @@ def main() -> None:
             plugin = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, text=True)
             procs[name] = plugin
             subprocess.run(
-                [KUBEDEVICE, "node", "--wait-for", "example.com/" + ("counter" if name ==
-                 "sdk-example" else "idle"), "--allocatable", "4", "--timeout", "30"],
-                env=env, check=True, stdout=subprocess.DEVNULL,
+                [
+                    KUBEDEVICE,
+                    "node",
+                    "--wait-for",
+                    "example.com/" + ("counter" if name == "sdk-example" else "idle"),
+                    "--allocatable",
+                    "4",
+                    "--timeout",
+                    "30",
+                ],
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
             )
         time.sleep(args.settle)  # let start-up work finish before the window opens
         before = {n: _cpu_ns_and_wakeups(p.pid) for n, p in procs.items()}
