@@ -1,9 +1,8 @@
 """Pod admission: topology hints, device choice, GetPreferredAllocation, Allocate, PreStart.
 
-Mirrors ``manager.go
-Allocate/allocateContainerResources/devicesToAllocate/filterByAffinity`` and
-``topology_hints.go`` (contract.md#allocation, #prestartcontainer, #topology) with a best-
-effort topology manager (container scope) on a machine whose NUMA nodes are those the
+Mirrors ``manager.go Allocate/allocateContainerResources/devicesToAllocate/filterByAffinity``
+and ``topology_hints.go`` (contract.md#allocation, #prestartcontainer, #topology) with a
+best-effort topology manager (container scope) on a machine whose NUMA nodes are those the
 devices report. Sets are walked in sorted order where the kubelet walks Go maps (unspecified
 order).
 """
