@@ -54,7 +54,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str], str]] = {
         "aio",
         {
             "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener,"
-            "-event_engine_callback_cq,-event_engine_poller_for_python"
+            "-event_engine_callback_cq"
         },
         "EventEngine experiments turned off (GRPC_EXPERIMENTS=-...)",
     ),
