@@ -3,9 +3,10 @@
 * ``imports``: RSS of a fresh interpreter after each import step, in the order a plugin
   daemon loads them (what each layer costs before any work is done);
 * ``processes``: RSS and PSS of the running daemons, each registered with its own kubelet
-  emulator that holds the ListAndWatch stream: the SDK example and the generic plugin with
-  1 and with 1,000 devices. (``bench_idle.py`` reports the RSS of bare gRPC servers holding
-  one stream, the floor of the engine both plugins use.)
+  emulator that holds the ListAndWatch stream: the SDK example, the generic plugin with 1
+  and with 1,000 devices, and ``bare-grpc-aio-plugin``, the least a ``grpc.aio`` plugin
+  does (serve ``DevicePlugin``, call Register once, hold the stream; same imports as the
+  SDK), which is the floor the SDK is measured against.
 
 RSS counts shared library pages (libpython, grpcio's ``cygrpc``, OpenSSL) in full in every
 process that maps them; PSS shares them out, so it is the better measure of what one more
@@ -66,6 +67,42 @@ def _imports() -> list[dict[str, float | str]]:
         out.append({"import": name, "rss_mb": round(rss, 1), "added_mb": round(rss - prev, 1)})
         prev = rss
     return out
+
+
+def _bare_plugin(directory: str) -> None:
+    """The least a grpc.aio device plugin does (child process): serve, register, stream."""
+    import asyncio
+
+    import grpc
+
+    from kubedevice._api import dp, dp_grpc
+
+    listing = dp.ListAndWatchResponse(
+        devices=[dp.Device(ID=f"bare-{i}", health="Healthy") for i in range(4)]
+    )
+
+    class Plugin(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+        async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+            return dp.DevicePluginOptions()
+
+        async def ListAndWatch(self, request: Any, context: Any) -> Any:
+            await context.write(listing)
+            await asyncio.Event().wait()
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        dp_grpc.add_DevicePluginServicer_to_server(Plugin(), server)
+        server.add_insecure_port(f"unix:{directory}/bare.sock")
+        await server.start()
+        async with grpc.aio.insecure_channel(f"unix:{directory}/kubelet.sock") as channel:
+            await dp_grpc.RegistrationStub(channel).Register(
+                dp.RegisterRequest(
+                    version="v1beta1", endpoint="bare.sock", resource_name="example.com/bare"
+                )
+            )
+        await server.wait_for_termination()
+
+    asyncio.run(main())
 
 
 def _status_mb(pid: int) -> dict[str, float]:
@@ -130,9 +167,15 @@ def _measure(root: Path, name: str, cmd: list[str], resource: str, count: int) -
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--bare-plugin"]:
+        _bare_plugin(os.environ["DP_DEVICE_PLUGIN_DIR"])
+        return
     root = Path(tempfile.mkdtemp(prefix="kdmem-", dir="/tmp"))
     try:
         processes = {
+            "bare-grpc-aio-plugin": _measure(
+                root, "bare", [PY, __file__, "--bare-plugin"], "example.com/bare", 4
+            ),
             "sdk-example": _measure(
                 root,
                 "sdk",
