@@ -234,3 +234,20 @@ def test_generic_plugin_without_its_extra_says_which_extra(tmp_path: Path) -> No
     assert result.stderr.strip() == (
         "error: the generic plugin needs its extra: pip install 'kubedevice[generic]'"
     )
+
+
+def test_generic_plugin_without_inotify_fails_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("version: v1\nresources: []\n")
+    result = _run_blocked(
+        """
+        import sys
+        from kubedevice.cli.main import cli
+        cli(sys.argv[1:])
+        """,
+        "validate",
+        str(config),
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: the generic plugin cannot be loaded here: ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -32,6 +33,11 @@ def _need_generic(*, daemon: bool) -> None:
             err=True,
         )
         raise SystemExit(2) from None
+
+
+def _cannot_load(exc: ImportError) -> NoReturn:
+    click.echo(f"error: the generic plugin cannot be loaded here: {exc}", err=True)
+    raise SystemExit(2) from None
 
 
 _CONFIG = click.option(
@@ -69,7 +75,10 @@ def run_command(
     stops cleanly with status 0.
     """
     _need_generic(daemon=True)
-    from kubedevice.generic import load_config, run_generic  # lazy: other commands skip pydantic
+    try:
+        from kubedevice.generic import load_config, run_generic  # lazy: others skip pydantic
+    except ImportError as exc:
+        _cannot_load(exc)
 
     try:
         load_config(config)  # fail fast, before any socket, with the field named
@@ -102,7 +111,10 @@ def run_command(
 def validate_command(config: Path) -> None:
     """Check a generic plugin config file; print what is wrong (exit 2) or a summary."""
     _need_generic(daemon=False)
-    from kubedevice.generic import load_config
+    try:
+        from kubedevice.generic import load_config
+    except ImportError as exc:
+        _cannot_load(exc)
 
     try:
         cfg = load_config(config)
