@@ -2,9 +2,9 @@
 # Build: docker build -t kubedevice:0.1.0 .
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY src ./src
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[generic]"
 
 FROM python:3.11-slim
 LABEL org.opencontainers.image.title="kubedevice" \

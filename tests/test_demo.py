@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
+# a log line of the text format (the JSON format starts with '{"')
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\{\")|\b(INFO|WARNING|ERROR|DEBUG)\b")
+
 
 def test_demo_runs_every_step_and_exits_zero() -> None:
+    # as `make demo` runs it: default log level, stdout and stderr on one terminal
     proc = subprocess.run(
-        [sys.executable, "-m", "kubedevice", "--log-level", "warning", "demo"],
-        capture_output=True,
+        [sys.executable, "-m", "kubedevice", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         timeout=60,
         check=False,
     )
     out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
+    assert proc.returncode == 0, out
+    # the narration owns the terminal: no log line interleaves with it
+    assert [line for line in out.splitlines() if _LOG_LINE.search(line)] == []
+    assert "log files: " in out
     # capacity shown, pods admitted and one rejected with the kubelet's reason
     assert "demo.kubedevice.io/serial  3         3" in out
     assert "pod/modem (1 x demo.kubedevice.io/serial) admitted" in out

@@ -1,8 +1,9 @@
-"""The plugin side and the kubelet side judge resource names identically (contract §1.2).
+"""The plugin side and the kubelet side judge resource names identically.
 
-The rule is implemented twice on purpose (the SDK refuses a name before any network call;
-the emulator answers Register like the kubelet), so a misreading cannot hide on both sides.
-This test makes the two independent implementations agree on generated names.
+The rule (docs/contract.md#resource-names) is implemented twice on purpose (the SDK refuses
+a name before any network call; the emulator answers Register like the kubelet), so a
+misreading cannot hide on both sides. This test makes the two independent implementations
+agree on generated names.
 """
 
 from __future__ import annotations

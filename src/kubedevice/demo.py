@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import sys
 import tempfile
@@ -115,6 +116,32 @@ def _workdir(keep: Path | None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _logs_to_file(path: Path) -> Iterator[None]:
+    """Send this process's log lines (the in-process emulator's) to ``path`` meanwhile.
+
+    The narration owns the terminal: log lines written to stderr while it prints to stdout
+    interleave with it. The loggers' handlers are swapped for one file handler (keeping the
+    configured format) and restored afterwards.
+    """
+    loggers = [logging.getLogger(), logging.getLogger("kubedevice")]
+    saved = [(logger, logger.handlers[:]) for logger in loggers]
+    formatter = next((h.formatter for _, hs in saved for h in hs if h.formatter), None)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(
+        formatter or logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    targets = [logger for logger, handlers in saved if handlers] or [logging.getLogger()]
+    for logger in targets:
+        logger.handlers[:] = [handler]
+    try:
+        yield
+    finally:
+        for logger, handlers in saved:
+            logger.handlers[:] = handlers
+        handler.close()
+
+
 async def _timed(what: str, awaitable: Any, result: DemoResult) -> None:
     start = time.monotonic()
     try:
@@ -154,7 +181,7 @@ async def run_demo(
     """
     result = DemoResult()
     say = _Narrator(out)
-    with _workdir(workdir) as root:
+    with _workdir(workdir) as root, _logs_to_file(root / "emulator.log"):
         host = FakeHost(root / "host")
         dp_dir = root / "kubelet" / "device-plugins"
         dp_dir.mkdir(parents=True, exist_ok=True)
@@ -167,6 +194,8 @@ async def run_demo(
         say.say(f"   fake /dev under {host.dev_root}: ttyUSB0, ttyUSB1, ttyUSB2, fuse")
         say.say(f"   plugin config {config}:")
         say.block(config.read_text())
+        kept = "" if workdir is not None else " (kept with --workdir)"
+        say.say(f"   log files: {root / 'emulator.log'}, {root / 'plugin.log'}{kept}")
 
         emu = Emulator(dp_dir, control_socket=False)
         await emu.start()

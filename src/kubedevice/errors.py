@@ -4,7 +4,7 @@
 
     KubeDeviceError
     ├── ConfigError                  bad configuration or argument (permanent, never retried)
-    │   └── InvalidResourceNameError a resource name the kubelet would reject (contract §1.2)
+    │   └── InvalidResourceNameError a resource name the kubelet would reject (contract.md)
     ├── RegistrationError            Register with the kubelet failed (retryable)
     ├── PluginServerError            a plugin's gRPC server could not bind/serve
     ├── AllocationError              an Allocate / GetPreferredAllocation request is invalid
@@ -46,7 +46,7 @@ class ConfigError(KubeDeviceError):
 
 
 class InvalidResourceNameError(ConfigError):
-    """A resource name the kubelet would reject (contract §1.2)."""
+    """A resource name the kubelet would reject (contract.md#resource-names)."""
 
     def __init__(self, name: str, reason: str) -> None:
         self.name = name

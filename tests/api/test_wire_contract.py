@@ -1,8 +1,8 @@
-"""The generated API matches the contract's wire tables (contract §2.1, §2.2, §4) field by field.
+"""The generated API matches the wire tables of docs/contract.md field by field.
 
-The expected tables are transcribed from the contract fact sheet; when the sheet is present
-beside the checkout (``../shared/reference``), its tables are parsed too and must agree with
-what is transcribed here, so a typo in either place fails.
+The expected tables are transcribed below, and the tables of docs/contract.md
+(``#services``, ``#device-plugin-messages``, ``#podresources-messages``) are parsed and
+must agree with the transcription, so a typo in the code, the test or the document fails.
 """
 
 from __future__ import annotations
@@ -221,45 +221,68 @@ def test_method_paths_in_generated_stubs() -> None:
     assert "'/v1beta1.Registration/Register'" in source
 
 
-# --- cross-check against the contract fact sheet, when it is beside the checkout ---------------
+# --- cross-check against docs/contract.md ----------------------------------------------------
 
-_SHEET = Path(__file__).resolve().parents[3] / "shared/reference/kubelet-device-plugin-contract.md"
+_DOC = Path(__file__).resolve().parents[2] / "docs/contract.md"
 
 
-def _sheet_fields(section_start: str, section_end: str) -> dict[str, set[tuple[int, str]]]:
-    text = _SHEET.read_text(encoding="utf-8")
-    body = text[text.index(section_start) : text.index(section_end)]
+def _section(start: str, end: str) -> str:
+    text = _DOC.read_text(encoding="utf-8")
+    return text[text.index(start) : text.index(end, text.index(start))]
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _doc_fields(start: str, end: str) -> dict[str, set[tuple[int, str]]]:
     out: dict[str, set[tuple[int, str]]] = {}
     current = ""
-    for line in body.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or not cells[1] or cells[1] in {"#", "---"}:
+    for line in _section(start, end).splitlines():
+        cells = _cells(line)
+        if not line.startswith("|") or len(cells) < 3 or cells[1] in {"#", "---"}:
             continue
         head = cells[0].strip("*").strip()
-        if head and re.fullmatch(r"[A-Z]\w+", head):
+        if head:
+            assert re.fullmatch(r"[A-Z]\w+", head), line
             current = head
             out.setdefault(current, set())
         number = cells[1]
-        name = cells[2].strip("`").split(" ")[0].strip("`*")
-        if current and number.isdigit() and name and not name.startswith("("):
+        name = cells[2].strip("`")
+        if number.isdigit():
             out[current].add((int(number), name))
     return out
 
 
-@pytest.mark.skipif(not _SHEET.exists(), reason="contract fact sheet not beside the checkout")
 @pytest.mark.parametrize(
     ("table", "start", "end"),
     [
-        (DEVICEPLUGIN, "### 2.2 Device-plugin messages", "Services:"),
-        (PODRESOURCES, "Messages (package `v1`)", "v1alpha1 (deprecated): only"),
+        (DEVICEPLUGIN, "### Device-plugin messages", "### PodResources messages"),
+        (PODRESOURCES, "### PodResources messages", "## Kubelet start-up"),
     ],
     ids=["deviceplugin", "podresources"],
 )
-def test_transcription_agrees_with_fact_sheet(
+def test_transcription_agrees_with_the_contract_document(
     table: dict[str, list[tuple[int, str, int, bool, str]]], start: str, end: str
 ) -> None:
-    sheet = _sheet_fields(start, end)
-    assert sheet, "could not parse the fact sheet"
-    for message, fields in sheet.items():
-        assert message in table, message
+    doc = _doc_fields(start, end)
+    assert set(doc) == set(table)
+    for message, fields in doc.items():
         assert {(n, name) for n, name, *_ in table[message]} == fields, message
+
+
+def test_services_agree_with_the_contract_document() -> None:
+    doc: dict[str, dict[str, tuple[str, str, bool]]] = {}
+    service = ""
+    for line in _section("### Services", "### Device-plugin messages").splitlines():
+        cells = _cells(line)
+        if not line.startswith("|") or len(cells) != 5 or not cells[2].startswith("`"):
+            continue
+        service = cells[0].strip("`") or service
+        request, _, response = cells[3].partition("→")
+        doc.setdefault(service, {})[cells[2].strip("`")] = (
+            request.strip().strip("`"),
+            response.strip().removeprefix("stream of ").strip("`"),
+            cells[4] == "server streaming",
+        )
+    assert doc == SERVICES

@@ -282,7 +282,8 @@ async def test_numa_hint_spanning_two_nodes(emu: Emulator, plugin: PluginFactory
 async def test_preferred_allocation_must_include_reused_devices(
     emu: Emulator, plugin: PluginFactory
 ) -> None:
-    # §3.7: available = all available ∪ chosen, must_include = chosen, size = TOTAL request
+    # contract.md#allocation: available = all available ∪ chosen, must_include = chosen,
+    # size = TOTAL request
     p = await plugin(R, devs(6), preferred_available=True)
     p.preferred_fn = lambda avail, must, size: ["d5", "d0", "d4"]
     await emu.wait_for_resource(R, allocatable=6)
@@ -362,7 +363,7 @@ async def test_concurrent_applies_never_share_devices(emu: Emulator, plugin: Plu
 
 
 async def test_rpc_deadlines_like_the_kubelet(emu: Emulator, plugin: PluginFactory) -> None:
-    # PreStartContainer: 30 s; GetPreferredAllocation and Allocate: none (contract §3.11)
+    # PreStartContainer: 30 s; GetPreferredAllocation and Allocate: none (contract.md#timeouts)
     p = await plugin(R, devs(2), pre_start_required=True, preferred_available=True)
     await emu.wait_for_resource(R, allocatable=2)
     await emu.apply_pod(pod_manifest("p", {R: 1}))

@@ -1,4 +1,4 @@
-"""Checkpoint format and checksum (contract §3.12), incremental writer, corrupt files."""
+"""Checkpoint format and checksum (contract.md#checkpoint), incremental writer, corrupt files."""
 
 from __future__ import annotations
 

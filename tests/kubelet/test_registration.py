@@ -270,7 +270,7 @@ async def test_absolute_endpoint_joined_under_dir(emu: Emulator, plugin: PluginF
 
 
 async def test_message_over_4mib_ends_stream(emu: Emulator, plugin: PluginFactory) -> None:
-    # contract gotcha 26: the kubelet keeps grpc-go's 4 MiB receive limit
+    # contract.md#listandwatch: the kubelet keeps grpc-go's 4 MiB receive limit
     p = await plugin(R, devs(2))
     await emu.wait_for_resource(R, allocatable=2)
     p.devices = [Dev(f"{i:040d}") for i in range(80_000)]
@@ -319,7 +319,8 @@ async def test_non_socket_at_kubelet_sock_is_kept(dp_dir: Path) -> None:
 
 
 async def test_restart_drops_replaced_connections_too(emu: Emulator, plugin: PluginFactory) -> None:
-    # a replaced plugin's stream keeps running (§3.3) until the kubelet process goes away;
+    # a replaced plugin's stream keeps running (contract.md#second-registration) until the
+    # kubelet process goes away;
     # left running across a simulated restart, its end would disconnect a newer plugin
     a = await plugin(R, devs(2, "a"), name="a.sock")
     await emu.wait_for_resource(R, allocatable=2)

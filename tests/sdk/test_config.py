@@ -1,4 +1,4 @@
-"""Resource-name rule (contract §1.2), socket names and the plugin-dir precedence."""
+"""Resource-name rule (contract.md#resource-names), socket names and the plugin-dir precedence."""
 
 from __future__ import annotations
 

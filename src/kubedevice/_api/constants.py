@@ -1,4 +1,4 @@
-"""Constants of the kubelet device plugin contract (contract §1.1), as plain values.
+"""Constants of the kubelet device plugin contract (docs/contract.md#constants), as plain values.
 
 Facts only: names, numbers and paths that are part of the wire contract or of the
 kubelet's documented behaviour. No logic lives here.

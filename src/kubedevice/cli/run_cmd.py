@@ -7,7 +7,9 @@ No logic here: options are parsed, :mod:`kubedevice.generic` does the work, and
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -16,6 +18,27 @@ from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.signals import stop_on_signals
 
 __all__ = ["COMMANDS"]
+
+
+def _need_generic(*, daemon: bool) -> None:
+    """Exit 2 with one line when the generic plugin cannot run here (not Linux, no extra)."""
+    if daemon and not sys.platform.startswith("linux"):
+        click.echo(f"error: kubedevice run needs Linux (inotify); this is {sys.platform}", err=True)
+        raise SystemExit(2)
+    try:
+        import pydantic  # noqa: F401
+    except ImportError:
+        click.echo(
+            "error: the generic plugin needs its extra: pip install 'kubedevice[generic]'",
+            err=True,
+        )
+        raise SystemExit(2) from None
+
+
+def _cannot_load(exc: ImportError) -> NoReturn:
+    click.echo(f"error: the generic plugin cannot be loaded here: {exc}", err=True)
+    raise SystemExit(2) from None
+
 
 _CONFIG = click.option(
     "--config",
@@ -52,7 +75,11 @@ def run_command(
     (an invalid new config is rejected and the old one keeps running); SIGTERM or SIGINT
     stops cleanly with status 0.
     """
-    from kubedevice.generic import load_config, run_generic  # lazy: other commands skip pydantic
+    _need_generic(daemon=True)
+    try:
+        from kubedevice.generic import load_config, run_generic  # lazy: others skip pydantic
+    except ImportError as exc:
+        _cannot_load(exc)
     from kubedevice.plugin.metrics import parse_metrics_address
 
     try:
@@ -87,7 +114,11 @@ def run_command(
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 def validate_command(config: Path) -> None:
     """Check a generic plugin config file; print what is wrong (exit 2) or a summary."""
-    from kubedevice.generic import load_config
+    _need_generic(daemon=False)
+    try:
+        from kubedevice.generic import load_config
+    except ImportError as exc:
+        _cannot_load(exc)
 
     try:
         cfg = load_config(config)

@@ -33,7 +33,9 @@ _NAME_RULE = (
 
 
 def resource_name_problems(name: str) -> list[str]:
-    """Why the kubelet would reject ``name`` as an extended resource name (contract §1.2).
+    """Why the kubelet would reject ``name`` as an extended resource name.
+
+    See docs/contract.md#resource-names.
 
     The verdict is the emulator's own rule (one kubelet-side implementation); the evidence
     adds what the rule requires, since the kubelet's text does not say which part failed.
@@ -85,7 +87,7 @@ def _abs(path: str) -> bool:
 
 
 def allocate_response_problems(resp: AllocateResult) -> list[str]:
-    """Problems in an AllocateResponse to a single-container request (contract §3.7)."""
+    """Problems in an AllocateResponse to a single-container request (contract.md#allocation)."""
     n = len(resp.containers)
     if n != 1:
         return [f"AllocateResponse has {n} container_responses for 1 container request"]
@@ -124,7 +126,7 @@ def allocate_response_problems(resp: AllocateResult) -> list[str]:
 def preferred_problems(
     available: Sequence[str], must_include: Sequence[str], size: int, answer: Sequence[str]
 ) -> list[str]:
-    """Invariants of one GetPreferredAllocation answer (contract §3.7, gotchas 16-17)."""
+    """Invariants of one GetPreferredAllocation answer (contract.md#allocation, mistakes 16-17)."""
     problems: list[str] = []
     missing = [i for i in must_include if i not in answer]
     if missing:

@@ -1,9 +1,10 @@
 """Pod admission: topology hints, device choice, GetPreferredAllocation, Allocate, PreStart.
 
 Mirrors ``manager.go Allocate/allocateContainerResources/devicesToAllocate/filterByAffinity``
-and ``topology_hints.go`` (contract §3.7, §3.8, §3.10) with a best-effort topology manager
-(container scope) on a machine whose NUMA nodes are those the devices report. Sets are
-walked in sorted order where the kubelet walks Go maps (unspecified order).
+and ``topology_hints.go`` (contract.md#allocation, #prestartcontainer, #topology) with a
+best-effort topology manager (container scope) on a machine whose NUMA nodes are those the
+devices report. Sets are walked in sorted order where the kubelet walks Go maps (unspecified
+order).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The device manager checkpoint ``kubelet_internal_checkpoint``: JSON format and checksum.
 
-Reads and writes the kubelet's format (contract §3.12): compact JSON with ``Data`` and a
+Reads and writes the kubelet's format (contract.md#checkpoint): compact JSON with ``Data`` and a
 ``Checksum`` that is FNV-1a 32 over the go-spew rendering of ``Data``. Writing is
 incremental so that the per-allocation rewrite stays cheap: every entry is rendered once,
 the FNV state after each entry is cached, and the part after the entries (registered

@@ -1,8 +1,8 @@
 """The emulator's façade: ``Emulator`` wires registration, manager, admission and sockets.
 
-Start-up follows the kubelet (contract §3.1): read the checkpoint (a corrupt or foreign one
-is moved aside and the emulator starts empty), remove every socket directly in the
-device-plugin dir (nothing else), restore allocations and stopped resources, then serve
+Start-up follows the kubelet (contract.md#kubelet-start-up): read the checkpoint (a corrupt
+or foreign one is moved aside and the emulator starts empty), remove every socket directly
+in the device-plugin dir (nothing else), restore allocations and stopped resources, then serve
 ``Registration`` on ``kubelet.sock`` and PodResources next to it. Pods are held in memory
 (the emulator plays the API server too); with the control socket enabled they are also
 journaled next to it so that they survive a process restart. Every state change wakes

@@ -79,7 +79,7 @@ class DeviceManager:
         self.resources: dict[str, _Resource] = {}
         self.clients: dict[tuple[str, str], PluginEndpoint] = {}
         # Every endpoint whose connection is still open, including ones a newer
-        # registration replaced (their streams keep running, contract §3.3).
+        # registration replaced (their streams keep running, contract.md#second-registration).
         self._live: set[PluginEndpoint] = set()
         self.pod_devices: dict[str, dict[str, dict[str, Allocation]]] = {}
         self.allocated: dict[str, set[str]] = {}

@@ -1,6 +1,6 @@
 """PodResources ``v1`` server (List, GetAllocatableResources, Get) on its own socket.
 
-Reports devices as the kubelet does (contract §4): one ``ContainerDevices`` per
+Reports devices as the kubelet does (contract.md#podresources): one ``ContainerDevices`` per
 (device, NUMA node) with a single id and a single-node topology; a device without topology
 yields one element without topology. Regular init containers are omitted from pods;
 sidecars and app containers are listed. Unary calls are rate-limited like the kubelet's

@@ -1,8 +1,8 @@
 """The kubelet's ``v1beta1.Registration`` server on ``kubelet.sock``, with its checks.
 
-Validates version and resource name with the kubelet's rules and error texts (contract §1.1,
-§1.2), dials the plugin (10 s), calls ``GetDevicePluginOptions`` and hands the connected
-endpoint to the manager before answering, exactly in the kubelet's order (§3.2).
+Validates version and resource name with the kubelet's rules and error texts (contract.md#constants,
+#resource-names), dials the plugin (10 s), calls ``GetDevicePluginOptions`` and hands the connected
+endpoint to the manager before answering, exactly in the kubelet's order (contract.md#registration).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _is_qualified_name(value: str) -> bool:
 
 
 def is_extended_resource_name(name: str) -> bool:
-    """The kubelet's ``IsExtendedResourceName`` (contract §1.2)."""
+    """The kubelet's ``IsExtendedResourceName`` (contract.md#resource-names)."""
     if "/" not in name or "kubernetes.io/" in name:
         return False
     if name.startswith("requests."):

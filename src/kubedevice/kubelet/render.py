@@ -61,7 +61,7 @@ def pods_table(pods: list[dict[str, Any]]) -> str:
 
 
 def runtime_text(pod: dict[str, Any], *, with_table: bool = True) -> str:
-    """What the container runtime would get for each container of ``pod`` (contract §3.9)."""
+    """What the runtime would get for each container of ``pod`` (contract.md#container-view)."""
     lines = [pods_table([pod])] if with_table else []
     for c in pod["containers"]:
         rt = c["runtime"]

@@ -1,10 +1,10 @@
 """What the container runtime would get: the kubelet's merge of cached Allocate responses.
 
-Mirrors ``pod_devices.go deviceRunContainerOptions`` (contract §3.9): for one container the
-responses of every resource are merged; envs by name, devices and mounts by container path,
-annotations by key (first seen wins, conflicts reported like the kubelet's log lines), CDI
-devices by name (duplicates dropped). Resources are visited in sorted order (the kubelet's
-order is Go-map order, i.e. unspecified).
+Mirrors ``pod_devices.go deviceRunContainerOptions`` (contract.md#container-view): for one
+container the responses of every resource are merged; envs by name, devices and mounts by
+container path, annotations by key (first seen wins, conflicts reported like the kubelet's
+log lines), CDI devices by name (duplicates dropped). Resources are visited in sorted order
+(the kubelet's order is Go-map order, i.e. unspecified).
 """
 
 from __future__ import annotations

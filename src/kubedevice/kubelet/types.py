@@ -75,7 +75,7 @@ class DeviceStatus(_Jsonable):
 
     @property
     def healthy(self) -> bool:
-        """True only for the exact string ``Healthy`` (contract §3.5)."""
+        """True only for the exact string ``Healthy`` (contract.md#listandwatch)."""
         return self.health == "Healthy"
 
 
@@ -154,7 +154,7 @@ class AllocateResult(_Jsonable):
 
 @dataclass(frozen=True, slots=True)
 class RuntimeView(_Jsonable):
-    """What the container runtime would get for one container (contract §3.9).
+    """What the container runtime would get for one container (contract.md#container-view).
 
     ``conflicts`` holds one line per conflict, worded like the kubelet's log lines.
     """

@@ -35,7 +35,7 @@ _QUALIFIED_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def validate_resource_name(name: str) -> str:
-    """Check ``name`` with the kubelet's extended-resource-name rule (contract §1.2).
+    """Check ``name`` with the kubelet's extended-resource-name rule (contract.md#resource-names).
 
     Args:
         name: A resource name such as ``example.com/gpu``.

@@ -12,11 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
-from asyncinotify import Inotify, Mask, Watch
+from kubedevice.errors import PluginServerError
+
+if TYPE_CHECKING:
+    from asyncinotify import Inotify, Watch
 
 __all__ = ["OVERFLOW", "DirWatcher"]
 
@@ -26,19 +33,42 @@ log = logging.getLogger(__name__)
 #: re-check everything.
 OVERFLOW = ""
 
-_MASK = (
-    Mask.CREATE
-    | Mask.DELETE
-    | Mask.MOVED_FROM
-    | Mask.MOVED_TO
-    | Mask.DELETE_SELF
-    | Mask.MOVE_SELF
-    | Mask.ONLYDIR
-)
-#: On an ancestor while the directory is missing: anything that may bring it back.
-_ANCESTOR_MASK = Mask.CREATE | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
-_GONE = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
+
+
+@functools.cache
+def _inotify() -> Any:
+    """``asyncinotify`` and our masks, imported on first use: inotify exists only on Linux.
+
+    Importing :mod:`kubedevice` (and so the emulator and the conformance kit) must work
+    elsewhere; only a running plugin daemon needs inotify.
+
+    Raises:
+        PluginServerError: Not Linux, or asyncinotify is not installed.
+    """
+    if not sys.platform.startswith("linux"):
+        raise PluginServerError(
+            f"device plugin daemons run on Linux only (they need inotify); this is {sys.platform}"
+        )
+    try:
+        import asyncinotify
+    except ImportError as exc:
+        raise PluginServerError(f"device plugin daemons need asyncinotify: {exc}") from None
+    mask = asyncinotify.Mask
+    return SimpleNamespace(
+        Inotify=asyncinotify.Inotify,
+        Mask=mask,
+        WATCH=mask.CREATE
+        | mask.DELETE
+        | mask.MOVED_FROM
+        | mask.MOVED_TO
+        | mask.DELETE_SELF
+        | mask.MOVE_SELF
+        | mask.ONLYDIR,
+        # On an ancestor while the directory is missing: anything that may bring it back.
+        ANCESTOR=mask.CREATE | mask.MOVED_TO | mask.DELETE_SELF | mask.MOVE_SELF | mask.ONLYDIR,
+        GONE=mask.DELETE_SELF | mask.MOVE_SELF | mask.IGNORED,
+    )
 
 
 class DirWatcher:
@@ -64,9 +94,10 @@ class DirWatcher:
         A directory that does not exist yet is waited for (its nearest existing ancestor
         is watched); :data:`OVERFLOW` is reported when it appears.
         """
-        self._inotify = Inotify()
+        ino = _inotify()
+        self._inotify = ino.Inotify()
         try:
-            self._watch = self._inotify.add_watch(self.directory, _MASK)
+            self._watch = self._inotify.add_watch(self.directory, ino.WATCH)
         except OSError as exc:
             if exc.errno not in _MISSING:
                 self._inotify.close()
@@ -115,17 +146,18 @@ class DirWatcher:
     async def _follow(self) -> None:
         """Report the directory's events until the directory is deleted or moved away."""
         assert self._inotify is not None
+        ino = _inotify()
         watch = self._watch
         while True:
             event = await self._inotify.get()
-            if event.mask & Mask.Q_OVERFLOW:
+            if event.mask & ino.Mask.Q_OVERFLOW:
                 log.warning("inotify queue overflowed on %s; re-checking", self.directory)
                 self._notify(OVERFLOW)
                 continue
             if event.watch is not watch:
                 continue  # a stale ancestor watch from an earlier wait
-            if event.mask & _GONE:
-                if watch is not None and not event.mask & Mask.IGNORED:
+            if event.mask & ino.GONE:
+                if watch is not None and not event.mask & ino.Mask.IGNORED:
                     with contextlib.suppress(OSError):
                         self._inotify.rm_watch(watch)
                 self._watch = None
@@ -136,9 +168,10 @@ class DirWatcher:
     async def _wait_for_directory(self) -> bool:
         """Wait until the directory exists again and watch it; False if that is impossible."""
         assert self._inotify is not None
+        ino = _inotify()
         while True:
             try:
-                self._watch = self._inotify.add_watch(self.directory, _MASK)
+                self._watch = self._inotify.add_watch(self.directory, ino.WATCH)
                 return True
             except OSError as exc:
                 if exc.errno not in _MISSING:
@@ -148,7 +181,7 @@ class DirWatcher:
             while not ancestor.is_dir() and ancestor != ancestor.parent:
                 ancestor = ancestor.parent
             try:
-                guard = self._inotify.add_watch(ancestor, _ANCESTOR_MASK)
+                guard = self._inotify.add_watch(ancestor, ino.ANCESTOR)
             except OSError as exc:
                 if exc.errno in _MISSING:
                     continue  # the ancestor went away too: look again
@@ -159,7 +192,7 @@ class DirWatcher:
                 if not self.directory.is_dir():
                     while True:
                         event = await self._inotify.get()
-                        if event.mask & Mask.Q_OVERFLOW or event.watch is guard:
+                        if event.mask & ino.Mask.Q_OVERFLOW or event.watch is guard:
                             break
             finally:
                 with contextlib.suppress(OSError):

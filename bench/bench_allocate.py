@@ -1,0 +1,226 @@
+"""Allocate latency: the SDK example next to bare grpcio servicers; prints one JSON object.
+
+Same client, same kind of socket, same request and the same response bytes for every
+server, so the difference is what each server does per call:
+
+* ``sdk-example``: ``examples/minimal.py`` as a process (the SDK's Allocate path: ID checks,
+  the plugin's hook, the response built from the device);
+* ``bare-aio``: a ``grpc.aio`` servicer returning a prebuilt response (the floor of the
+  engine the SDK uses);
+* ``bare-sync``: a ``grpc.server(ThreadPoolExecutor)`` servicer returning the same response.
+
+The client is grpcio's synchronous stub in this process (no Go toolchain is assumed): per
+server 300 warm-up calls, then ``--calls`` sequential calls timed with ``perf_counter_ns``;
+servers are measured in rotation, ``--rounds`` times, and the per-round medians reported.
+The SDK's own Python work per call (everything between the request message and the
+response message, without gRPC) is timed in-process as ``sdk_python_us``.
+
+Usage: ``python bench/bench_allocate.py [--calls 3000] [--rounds 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from kubedevice._api import dp, dp_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+REQUEST = dp.AllocateRequest(
+    container_requests=[dp.ContainerAllocateRequest(devices_ids=["counter-0"])]
+)
+
+
+def _response() -> dp.AllocateResponse:
+    """What the SDK example answers for counter-0 (checked against it before timing)."""
+    resp = dp.AllocateResponse()
+    c = resp.container_responses.add()
+    c.envs["COUNTER"] = "0"
+    c.devices.add(container_path="/dev/counter0", host_path="/dev/null", permissions="rw")
+    return resp
+
+
+def _serve(kind: str, sock: str) -> None:
+    """A bare servicer answering Allocate with a prebuilt response (child process)."""
+    answer = _response()
+    if kind == "sync":
+        from concurrent import futures
+
+        class Sync(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+            def Allocate(self, request: Any, context: Any) -> Any:
+                return answer
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        dp_grpc.add_DevicePluginServicer_to_server(Sync(), server)
+        server.add_insecure_port(f"unix:{sock}")
+        server.start()
+        print("READY", flush=True)
+        server.wait_for_termination()
+        return
+
+    class Aio(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+        async def Allocate(self, request: Any, context: Any) -> Any:
+            return answer
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        dp_grpc.add_DevicePluginServicer_to_server(Aio(), server)
+        server.add_insecure_port(f"unix:{sock}")
+        await server.start()
+        print("READY", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def _time_calls(sock: str, calls: int) -> list[float]:
+    with grpc.insecure_channel(f"unix:{sock}") as channel:
+        stub = dp_grpc.DevicePluginStub(channel)
+        first = stub.Allocate(REQUEST, timeout=10)
+        assert first == _response(), first
+        for _ in range(300):
+            stub.Allocate(REQUEST, timeout=10)
+        out = []
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            stub.Allocate(REQUEST, timeout=10)
+            out.append((time.perf_counter_ns() - t0) / 1000)
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _sdk_python_us(n: int) -> float | None:
+    """Median µs of the SDK's Allocate work without gRPC (request in, response out)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import minimal
+
+        from kubedevice.plugin.servicer import DeviceTable, _Servicer
+
+        async def run() -> float:
+            plugin = minimal.Counter()
+            table = DeviceTable(plugin.resource_name)
+            async for snapshot in plugin.devices():
+                table.publish(snapshot)
+                break
+            svc = _Servicer(plugin, table, None)
+            samples = []
+            for _ in range(n):
+                t0 = time.perf_counter_ns()
+                resp = await svc._allocate(REQUEST)
+                samples.append((time.perf_counter_ns() - t0) / 1000)
+            assert resp == _response(), resp
+            return statistics.median(samples)
+
+        return asyncio.run(run())
+    except (ImportError, AttributeError, TypeError) as exc:  # internals moved: skip this figure
+        print(f"sdk_python_us skipped: {exc}", file=sys.stderr)
+        return None
+    finally:
+        sys.path.pop(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        _serve(*args.serve)
+        return
+    root = Path(tempfile.mkdtemp(prefix="kdalloc-", dir="/tmp"))
+    procs: list[subprocess.Popen[str]] = []
+    socks: dict[str, str] = {}
+    try:
+        for kind in ("aio", "sync"):
+            sock = str(root / f"{kind}.sock")
+            proc = subprocess.Popen(
+                [PY, __file__, "--serve", kind, sock], stdout=subprocess.PIPE, text=True
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "READY":
+                raise RuntimeError(f"bare {kind} server did not start")
+            socks[f"bare-{kind}"] = sock
+        dp_dir = root / "dp"
+        dp_dir.mkdir()
+        sdk = subprocess.Popen(
+            [PY, str(ROOT / "examples/minimal.py"), "--device-plugin-dir", str(dp_dir)],
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        procs.append(sdk)
+        sdk_sock = dp_dir / "example.com-counter.sock"
+        deadline = time.monotonic() + 30
+        while not sdk_sock.is_socket():  # start-up only; not part of what is timed
+            if time.monotonic() > deadline or sdk.poll() is not None:
+                raise RuntimeError("the SDK example did not serve its socket")
+            time.sleep(0.05)
+        socks["sdk-example"] = str(sdk_sock)
+        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in socks}
+        for _ in range(args.rounds):
+            for name, sock in socks.items():
+                samples = _time_calls(sock, args.calls)
+                rounds[name].append((statistics.median(samples), _pct(samples, 0.99)))
+        result: dict[str, Any] = {
+            "bench": "allocate",
+            "client": f"grpcio {grpc.__version__} sync stub, same process, sequential",
+            "calls_per_round": args.calls,
+            "rounds": args.rounds,
+            "python": sys.version.split()[0],
+            "cpu_model": _cpu_model(),
+            "servers": {
+                name: {
+                    "p50_us_median_of_rounds": round(statistics.median(r[0] for r in rs), 1),
+                    "p99_us_median_of_rounds": round(statistics.median(r[1] for r in rs), 1),
+                    "p50_us_each_round": [round(r[0], 1) for r in rs],
+                }
+                for name, rs in rounds.items()
+            },
+            "sdk_python_us": _sdk_python_us(2000),
+        }
+        servers = result["servers"]
+        result["sdk_over_bare_aio_us"] = round(
+            servers["sdk-example"]["p50_us_median_of_rounds"]
+            - servers["bare-aio"]["p50_us_median_of_rounds"],
+            1,
+        )
+        print(json.dumps(result, indent=2))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{os.cpu_count()} x {line.split(':', 1)[1].strip()}"
+    return f"{os.cpu_count()} CPUs"
+
+
+if __name__ == "__main__":
+    main()

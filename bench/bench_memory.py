@@ -1,0 +1,215 @@
+"""Where the plugins' memory goes; prints one JSON object.
+
+* ``imports``: RSS of a fresh interpreter after each import step, in the order a plugin
+  daemon loads them (what each layer costs before any work is done);
+* ``processes``: RSS and PSS of the running daemons, each registered with its own kubelet
+  emulator that holds the ListAndWatch stream: the SDK example, the generic plugin with 1
+  and with 1,000 devices, and ``bare-grpc-aio-plugin``, the least a ``grpc.aio`` plugin
+  does (serve ``DevicePlugin``, call Register once, hold the stream; same imports as the
+  SDK), which is the floor the SDK is measured against.
+
+RSS counts shared library pages (libpython, grpcio's ``cygrpc``, OpenSSL) in full in every
+process that maps them; PSS shares them out, so it is the better measure of what one more
+process costs a node.
+
+Usage: ``python bench/bench_memory.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+KUBEDEVICE = str(Path(PY).parent / "kubedevice")
+
+IMPORT_STEPS = [
+    "asyncio",  # loads OpenSSL through asyncio's ssl support
+    "grpc",
+    "kubedevice._api",  # protobuf (upb) and the generated code
+    "kubedevice",  # the SDK
+    "yaml",
+    "prometheus_client",
+    "pydantic",
+    "kubedevice.generic",  # the generic plugin's config models and the rest
+]
+
+_IMPORTS_CODE = """
+import importlib, json, sys
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+out = [["python", rss()]]
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+    out.append([name, rss()])
+print(json.dumps(out))
+"""
+
+
+def _imports() -> list[dict[str, float | str]]:
+    raw = subprocess.run(
+        [PY, "-c", _IMPORTS_CODE, *IMPORT_STEPS], capture_output=True, text=True, check=True
+    ).stdout
+    steps = json.loads(raw)
+    out: list[dict[str, float | str]] = []
+    prev = 0.0
+    for name, rss in steps:
+        out.append({"import": name, "rss_mb": round(rss, 1), "added_mb": round(rss - prev, 1)})
+        prev = rss
+    return out
+
+
+def _bare_plugin(directory: str) -> None:
+    """The least a grpc.aio device plugin does (child process): serve, register, stream."""
+    import asyncio
+
+    import grpc
+
+    from kubedevice._api import dp, dp_grpc
+
+    listing = dp.ListAndWatchResponse(
+        devices=[dp.Device(ID=f"bare-{i}", health="Healthy") for i in range(4)]
+    )
+
+    class Plugin(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+        async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+            return dp.DevicePluginOptions()
+
+        async def ListAndWatch(self, request: Any, context: Any) -> Any:
+            await context.write(listing)
+            await asyncio.Event().wait()
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        dp_grpc.add_DevicePluginServicer_to_server(Plugin(), server)
+        server.add_insecure_port(f"unix:{directory}/bare.sock")
+        await server.start()
+        async with grpc.aio.insecure_channel(f"unix:{directory}/kubelet.sock") as channel:
+            await dp_grpc.RegistrationStub(channel).Register(
+                dp.RegisterRequest(
+                    version="v1beta1", endpoint="bare.sock", resource_name="example.com/bare"
+                )
+            )
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def _status_mb(pid: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Rss", "Pss", "Anonymous"):
+            out[key.lower() + "_mb"] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
+def _generic_config(root: Path, devices: int) -> Path:
+    from kubedevice.generic import FakeHost
+
+    host = FakeHost(root / "host")
+    for i in range(devices):
+        host.add_char_device(f"/dev/mem/dev{i:04d}")
+    cfg = root / "generic.yaml"
+    cfg.write_text(
+        f"version: v1\ndevRoot: {host.dev_root}\nsysRoot: {host.sys_root}\n"
+        "resources:\n  - name: example.com/mem\n    groups:\n"
+        "      - paths:\n          - path: /dev/mem/*\n"
+    )
+    return cfg
+
+
+def _measure(root: Path, name: str, cmd: list[str], resource: str, count: int) -> dict[str, Any]:
+    d = root / name / "device-plugins"
+    d.mkdir(parents=True)
+    env = {**os.environ, "DP_DEVICE_PLUGIN_DIR": str(d)}
+    emu = subprocess.Popen([KUBEDEVICE, "kubelet"], env=env, stderr=subprocess.DEVNULL)
+    plugin: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (d / "kubelet.sock").is_socket():  # start-up only
+            if time.monotonic() > deadline:
+                raise RuntimeError("the emulator did not start")
+            time.sleep(0.05)
+        plugin = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                KUBEDEVICE,
+                "node",
+                "--wait-for",
+                resource,
+                "--allocatable",
+                str(count),
+                "--timeout",
+                "60",
+            ],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # let start-up garbage settle before reading the steady state
+        return {"devices": count, **_status_mb(plugin.pid)}
+    finally:
+        for proc in (plugin, emu):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--bare-plugin"]:
+        _bare_plugin(os.environ["DP_DEVICE_PLUGIN_DIR"])
+        return
+    root = Path(tempfile.mkdtemp(prefix="kdmem-", dir="/tmp"))
+    try:
+        processes = {
+            "bare-grpc-aio-plugin": _measure(
+                root, "bare", [PY, __file__, "--bare-plugin"], "example.com/bare", 4
+            ),
+            "sdk-example": _measure(
+                root,
+                "sdk",
+                [PY, str(ROOT / "examples/minimal.py")],
+                "example.com/counter",
+                4,
+            ),
+        }
+        for n in (1, 1000):
+            sub = root / f"g{n}"
+            sub.mkdir()
+            cfg = _generic_config(sub, n)
+            processes[f"generic-plugin-{n}"] = _measure(
+                root, f"generic{n}", [KUBEDEVICE, "run", "--config", str(cfg)], "example.com/mem", n
+            )
+        result = {
+            "bench": "memory",
+            "python": sys.version.split()[0],
+            "cpu_model": _cpu_model(),
+            "targets_rss_mb": {"sdk-example": 38, "generic-plugin-1000": 40},
+            "imports": _imports(),
+            "processes": processes,
+        }
+        print(json.dumps(result, indent=2))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{os.cpu_count()} x {line.split(':', 1)[1].strip()}"
+    return f"{os.cpu_count()} CPUs"
+
+
+if __name__ == "__main__":
+    main()
