@@ -264,7 +264,8 @@ class Admitter:
             try:
                 raw = await ep.allocate_raw(ids)
             except PluginRpcError as exc:
-                raise _AllocFailed(go_error_text(exc)) from exc
+                # a stopped endpoint answers with the kubelet's plain errEndpointStopped text
+                raise _AllocFailed(exc.details if ep.stopped else go_error_text(exc)) from exc
             if raw is None:
                 raise _AllocFailed(
                     "no containers return in allocation response "

@@ -169,6 +169,7 @@ class Emulator:
         try:
             self._replay_journal()
             await self._start_kubelet(restart=False)
+            self._reconcile()
         except BaseException:
             await self._stop_kubelet()
             if self._control is not None:
@@ -418,8 +419,12 @@ class Emulator:
         if self._journal is None:
             return
         try:
-            with self._journal.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            fd = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.fchmod(fd, 0o600)  # also a journal an older version left world-readable
+                os.write(fd, (json.dumps(record) + "\n").encode())
+            finally:
+                os.close(fd)
         except OSError as exc:
             log.error("cannot write pod journal: %s", exc)
 
@@ -427,25 +432,73 @@ class Emulator:
         if self._journal is None or self._pods:
             return
         try:
-            lines = self._journal.read_text().splitlines()
+            raw = self._journal.read_bytes()
         except OSError:
             return
         pods: dict[str, _Pod] = {}
-        for line in lines:
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
             try:
-                rec = json.loads(line)
+                rec = json.loads(line.decode("utf-8"))
+                if not isinstance(rec, dict) or len(rec) != 1:
+                    raise ValueError("not an object with one key")
                 if "add" in rec:
                     p = _spec_from_json(rec["add"])
                     pods[p.spec.uid] = p
-                elif "del" in rec:
+                elif "del" in rec and isinstance(rec["del"], str):
                     pods.pop(rec["del"], None)
-            except (ValueError, KeyError, TypeError):
-                log.warning("skipping a bad pod journal line")
-        self._pods = {(p.spec.namespace, p.spec.name): p for p in pods.values()}
-        with contextlib.suppress(OSError):
-            self._journal.write_text(
-                "".join(json.dumps({"add": _spec_to_json(p)}) + "\n" for p in pods.values())
-            )
+                else:
+                    raise ValueError("neither a pod to add nor a pod UID to delete")
+            except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
+                why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+                log.warning("skipping pod journal line %d of %s: %s", n, self._journal, why)
+        self._pods = {}
+        for p in pods.values():
+            key = (p.spec.namespace, p.spec.name)
+            if key in self._pods:  # two UIDs for one name: keep the later one
+                log.warning("pod journal: %s/%s is in it twice; keeping the later", *key)
+            self._pods[key] = p
+        tmp = self._journal.with_name(f".{self._journal.name}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for p in self._pods.values():
+                    os.write(fd, (json.dumps({"add": _spec_to_json(p)}) + "\n").encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._journal)
+        except OSError as exc:
+            log.error("cannot rewrite pod journal: %s", exc)
+
+    def _reconcile(self) -> None:
+        """Start-up with the pod journal: the pods are known, so the checkpoint must agree.
+
+        Allocations of pods the journal does not hold (a crash between the checkpoint write
+        and the journal write) are dropped now rather than at the next admission; a pod
+        whose devices the checkpoint lost is kept, with a warning per container.
+        """
+        if self._journal is None:
+            return
+        self._gc_clean = False
+        self._gc_allocations()
+        m = self._m
+        for p in self._pods.values():
+            for c in p.spec.containers:
+                missing = sorted(
+                    r for r, n in c.limits.items() if n > 0 and r not in m.container_devices(
+                        p.spec.uid, c.name
+                    )
+                )
+                if missing:
+                    log.warning(
+                        "pod %s/%s container %s restored without its devices (%s): the "
+                        "checkpoint has no allocation for them",
+                        p.spec.namespace,
+                        p.spec.name,
+                        c.name,
+                        ", ".join(missing),
+                    )
 
     # ------------------------------------------------------------------ control socket
 
@@ -495,12 +548,43 @@ def _spec_to_json(p: _Pod) -> dict[str, Any]:
     }
 
 
-def _spec_from_json(d: dict[str, Any]) -> _Pod:
-    spec = PodSpec(
-        d["name"],
-        d["namespace"],
-        d["uid"],
-        tuple(ContainerSpec(c[0], c[1], dict(c[2])) for c in d["containers"]),
-    )
-    started = {k: StartResult(bool(v[0]), v[1]) for k, v in d.get("started", {}).items()}
+def _spec_from_json(d: Any) -> _Pod:
+    """A journaled pod; ``ValueError`` naming what is wrong with a damaged record."""
+    if not isinstance(d, dict):
+        raise ValueError("the pod is not an object")
+    for k in ("name", "namespace", "uid"):
+        if not isinstance(d.get(k), str) or not d[k]:
+            raise ValueError(f"pod {k} is not a non-empty string")
+    raw_containers = d.get("containers")
+    if not isinstance(raw_containers, list):
+        raise ValueError("pod containers is not a list")
+    containers = []
+    for c in raw_containers:
+        if not (
+            isinstance(c, list)
+            and len(c) == 3
+            and isinstance(c[0], str)
+            and c[1] in ("init", "sidecar", "app")
+            and isinstance(c[2], dict)
+            and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in c[2].items()
+            )
+        ):
+            raise ValueError("a container is not [name, kind, {resource: count}]")
+        containers.append(ContainerSpec(c[0], c[1], dict(c[2])))
+    spec = PodSpec(d["name"], d["namespace"], d["uid"], tuple(containers))
+    started: dict[str, StartResult] = {}
+    raw_started = d.get("started", {})
+    if not isinstance(raw_started, dict):
+        raise ValueError("pod started is not an object")
+    for k, v in raw_started.items():
+        if not (
+            isinstance(v, list)
+            and len(v) == 2
+            and isinstance(v[0], bool)
+            and (v[1] is None or isinstance(v[1], str))
+        ):
+            raise ValueError("a container start result is not [bool, error]")
+        started[k] = StartResult(v[0], v[1])
     return _Pod(spec, started)

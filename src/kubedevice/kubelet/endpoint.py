@@ -286,6 +286,14 @@ class PluginEndpoint:
                 out = await make()
             except aio.UsageError as exc:  # the channel was closed while the call started
                 err, cause = self._stopped_error(rpc), exc
+            except asyncio.CancelledError as exc:
+                # grpc ends a call in flight with CancelledError when its channel closes
+                # (the plugin's stream ended): that is this endpoint stopping, not our task
+                # being cancelled, which must still propagate.
+                task = asyncio.current_task()
+                if not self.stopped or (task is not None and task.cancelling()):
+                    raise
+                err, cause = self._stopped_error(rpc), exc
             except grpc.RpcError as exc:
                 code, details = _status(exc)
                 err, cause = PluginRpcError(rpc, self.resource, code, details), exc
