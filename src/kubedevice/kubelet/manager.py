@@ -10,6 +10,7 @@ checkpoint, which is rewritten after every message and allocation like the kubel
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -175,9 +176,18 @@ class DeviceManager:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    def _plugin_disconnected(self, r: _Resource) -> None:
+    @staticmethod
+    def _mark_unhealthy(r: _Resource) -> None:
+        # the kubelet's markResourceUnhealthy: every device, whatever its last report
         r.unhealthy |= r.healthy
         r.healthy = set()
+        r.devices = {
+            k: d if not d.healthy else dataclasses.replace(d, health="Unhealthy")
+            for k, d in r.devices.items()
+        }
+
+    def _plugin_disconnected(self, r: _Resource) -> None:
+        self._mark_unhealthy(r)
         r.stop_time = self.events.now()
         self._devices_changed()
         self._arm_grace(r)
@@ -205,8 +215,7 @@ class DeviceManager:
         self.clients.clear()
         for r in self.resources.values():
             if r.endpoint is not None and r.stop_time is None:
-                r.unhealthy |= r.healthy
-                r.healthy = set()
+                self._mark_unhealthy(r)
                 r.stop_time = self.events.now()
             if r.grace is not None:
                 r.grace.cancel()

@@ -22,6 +22,7 @@ import yaml
 
 from kubedevice.errors import ManifestError
 from kubedevice.kubelet.registration import is_extended_resource_name
+from kubedevice.kubelet.schema import unknown_fields
 from kubedevice.kubelet.types import ContainerKind
 
 __all__ = [
@@ -281,6 +282,12 @@ def parse_pod(manifest: Mapping[str, Any]) -> PodSpec:
     kind = manifest.get("kind", "Pod")
     if kind != "Pod":
         raise ManifestError(f'only kind "Pod" is supported, got {kind!r}')
+    unknown = unknown_fields(manifest)
+    if unknown:  # the API server's strict decoding runs before validation
+        listed = ", ".join(f'unknown field "{f}"' for f in unknown)
+        raise ManifestError(
+            f'Pod in version "v1" cannot be handled as a Pod: strict decoding error: {listed}'
+        )
     meta = manifest.get("metadata") or {}
     spec = manifest.get("spec") or {}
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
@@ -317,6 +324,9 @@ def parse_pod(manifest: Mapping[str, Any]) -> PodSpec:
             elif cname in seen:
                 errors.append(f'{path}.name: Duplicate value: "{cname}"')
             seen.add(cname)
+            image = c.get("image")
+            if not isinstance(image, str) or not image.strip():
+                errors.append(f"{path}.image: Required value")
             kind_c: ContainerKind = "app"
             if field_name == "initContainers":
                 policy = c.get("restartPolicy")
