@@ -19,8 +19,8 @@ import click
 from kubedevice._api import DEFAULT_DEVICE_PLUGIN_DIR, ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import ManifestError
 from kubedevice.kubelet import Emulator
-from kubedevice.kubelet.control import call, control_socket_path
-from kubedevice.kubelet.pods import load_manifests, parse_pod
+from kubedevice.kubelet.control import MAX_REQUEST_BYTES, call, control_socket_path
+from kubedevice.kubelet.pods import decode_manifest, load_manifests, parse_pod
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
 from kubedevice.signals import stop_on_signals
 
@@ -175,10 +175,20 @@ def pod() -> None:
 def pod_apply(device_plugin_dir: Path, filename: str, output: str) -> None:
     """Validate and admit the pods of a manifest (multi-document allowed)."""
     try:
-        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
-        docs = load_manifests(text)
-        for d in docs:  # validate every object first: nothing is admitted from a bad file
-            parse_pod(d)
+        raw = sys.stdin.buffer.read() if filename == "-" else Path(filename).read_bytes()
+        docs = load_manifests(decode_manifest(raw))
+        seen: dict[tuple[str, str], int] = {}
+        for i, d in enumerate(docs, 1):  # validate every object first: nothing is admitted
+            spec = parse_pod(d)  # from a bad file
+            key = (spec.namespace, spec.name)
+            if key in seen:
+                raise ManifestError(
+                    f'pod "{spec.namespace}/{spec.name}" appears twice in the manifest '
+                    f"(objects {seen[key]} and {i}); nothing was applied"
+                )
+            seen[key] = i
+            if len(json.dumps({"op": "apply", "manifest": d})) >= MAX_REQUEST_BYTES:
+                raise ManifestError(f"manifest too large (limit {MAX_REQUEST_BYTES >> 20} MiB)")
     except OSError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_MANIFEST)

@@ -19,7 +19,7 @@ from typing import Any
 
 from kubedevice.kubelet.sockets import private_umask, remove_socket
 
-__all__ = ["ControlServer", "call", "control_socket_path", "state_dir"]
+__all__ = ["MAX_REQUEST_BYTES", "ControlServer", "call", "control_socket_path", "state_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,10 @@ class ControlServer:
                 try:
                     line = await reader.readline()
                 except ValueError:  # longer than MAX_REQUEST_BYTES: answer, then hang up
-                    too_long = {"type": "ValueError", "message": "request line too long"}
+                    too_long = {
+                        "type": "ValueError",
+                        "message": f"request too large (limit {MAX_REQUEST_BYTES >> 20} MiB)",
+                    }
                     writer.write(json.dumps({"ok": False, "error": too_long}).encode() + b"\n")
                     await writer.drain()
                     break
@@ -169,7 +172,10 @@ def call(
     """
     s = _connect(path, timeout, wait_for_server, on_wait)
     try:
-        s.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            s.sendall(json.dumps(request).encode() + b"\n")
+        except BrokenPipeError:
+            pass  # the emulator hung up early (e.g. a request too long): read why below
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)
