@@ -21,6 +21,7 @@ from kubedevice.errors import ManifestError
 from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.control import MAX_REQUEST_BYTES, call, control_socket_path
 from kubedevice.kubelet.pods import decode_manifest, load_manifests, parse_pod
+from kubedevice.kubelet.sockets import process_start_ns
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
 from kubedevice.signals import stop_on_signals
 
@@ -127,6 +128,7 @@ def kubelet(
         grace_period_s=grace_period,
         per_socket_clients=per_socket_clients,
         pod_resources_socket=pod_resources_socket,
+        started_ns=process_start_ns(),
     )
 
     async def run() -> None:

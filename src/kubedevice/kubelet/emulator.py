@@ -36,6 +36,7 @@ from kubedevice.kubelet.podresources import PodResourcesServer
 from kubedevice.kubelet.pods import ContainerSpec, PodSpec, load_manifests, parse_pod
 from kubedevice.kubelet.registration import RegistrationServer
 from kubedevice.kubelet.runtime import merge_allocations
+from kubedevice.kubelet.sockets import coarse_now_ns
 from kubedevice.kubelet.types import (
     AdmissionEvent,
     ContainerAllocation,
@@ -74,6 +75,9 @@ class Emulator:
             journal pods next to it.
         dial_timeout_s: the kubelet's dial deadline during Register (10 s).
         pod_resources_qps, pod_resources_burst: the PodResources rate limit (100, 10).
+        started_ns: when this kubelet "started" (wall clock, ns; default: now). The
+            start-up cleanup removes only sockets older than that, so a plugin started
+            together with the emulator keeps its socket; the CLI passes its process start.
     """
 
     def __init__(
@@ -87,7 +91,10 @@ class Emulator:
         dial_timeout_s: float = DIAL_TIMEOUT_S,
         pod_resources_qps: float = 100.0,
         pod_resources_burst: int = 10,
+        started_ns: int | None = None,
     ) -> None:
+        #: Sockets made after this instant (wall clock, ns) survive the start-up cleanup.
+        self.started_ns = started_ns if started_ns is not None else coarse_now_ns()
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.kubelet_socket = self.device_plugin_dir / KUBELET_SOCKET
         self.checkpoint_path = self.device_plugin_dir / CHECKPOINT_FILE
@@ -214,7 +221,7 @@ class Emulator:
             msg = f"{exc}; moved aside to {aside.name}, starting empty"
             self.checkpoint_errors.append(msg)
             log.error("failed to read checkpoint: %s", msg)
-        self._cleanup_sockets()
+        self._cleanup_sockets(coarse_now_ns() if restart else self.started_ns)
         self._gc_clean = False
         m.reset()
         if data is not None:
@@ -238,7 +245,7 @@ class Emulator:
                 t=self.events.now(), socket=str(self.kubelet_socket), restart=restart
             )
         )
-        log.info("kubelet emulator serving", extra={"socket": str(self.kubelet_socket)})
+        log.debug("Registration served", extra={"socket": str(self.kubelet_socket)})
 
     async def _stop_kubelet(self) -> None:
         if self._registration is not None:
@@ -250,10 +257,21 @@ class Emulator:
             await self._podresources.stop()
             self._podresources = None
 
-    def _cleanup_sockets(self) -> None:
+    def _cleanup_sockets(self, before_ns: int) -> None:
+        # The kubelet's CleanupPluginDirectory removes every socket before Registration is
+        # served. Here only those that existed before this kubelet started (the previous
+        # generation's) go: a plugin that starts together with the emulator and made its
+        # socket meanwhile cannot have registered yet and must not lose it.
         for entry in os.scandir(self.device_plugin_dir):
             try:
-                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISSOCK(st.st_mode):
+                    continue
+                if st.st_ctime_ns > before_ns:
+                    log.debug("keeping %s: made after the emulator started", entry.path)
+                    continue
+                now = os.lstat(entry.path)
+                if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):  # not replaced since
                     os.unlink(entry.path)
             except FileNotFoundError:
                 continue

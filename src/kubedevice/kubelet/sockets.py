@@ -8,12 +8,47 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from grpc import aio
 
-__all__ = ["private_umask", "remove_socket", "serve_grpc", "stop_grpc"]
+__all__ = [
+    "coarse_now_ns",
+    "private_umask",
+    "process_start_ns",
+    "remove_socket",
+    "serve_grpc",
+    "stop_grpc",
+]
+
+#: Linux's CLOCK_REALTIME_COARSE (the clock file timestamps come from); not in ``time``.
+_CLOCK_REALTIME_COARSE = 5
+
+
+def coarse_now_ns() -> int:
+    """Wall clock as file ctimes see it: a file made after this call has a ctime >= it.
+
+    Linux stamps files from a coarse clock that lags ``time.time_ns()`` by up to a tick,
+    so comparing ctimes against the fine clock would misplace files made just after.
+    """
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
+    return time.time_ns() - 10_000_000
+
+
+def process_start_ns() -> int | None:
+    """When this process started (wall clock, ns), from /proc; None where unknown."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, "starttime", in clock ticks after boot
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time_ns() - max(0, int(age_s * 1e9))
 
 
 @contextlib.contextmanager
