@@ -19,6 +19,7 @@ import click
 from kubedevice._api import DEFAULT_DEVICE_PLUGIN_DIR, ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import ManifestError
 from kubedevice.kubelet import Emulator
+from kubedevice.kubelet.admission import POLICIES, SCOPES
 from kubedevice.kubelet.control import MAX_REQUEST_BYTES, call, control_socket_path
 from kubedevice.kubelet.pods import decode_manifest, load_manifests, parse_pod
 from kubedevice.kubelet.sockets import process_start_ns
@@ -107,6 +108,20 @@ def _request(
     "instead of by resource name (released kubelets, kubernetes#121994).",
 )
 @click.option(
+    "--topology-manager-policy",
+    type=click.Choice(POLICIES),
+    default="none",
+    show_default=True,
+    help="The kubelet's topology manager policy (NUMA alignment of devices).",
+)
+@click.option(
+    "--topology-manager-scope",
+    type=click.Choice(SCOPES),
+    default="container",
+    show_default=True,
+    help="Align each container on its own, or the whole pod.",
+)
+@click.option(
     "--pod-resources-socket",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -118,6 +133,8 @@ def kubelet(
     device_plugin_dir: Path,
     grace_period: float,
     per_socket_clients: bool,
+    topology_manager_policy: str,
+    topology_manager_scope: str,
     pod_resources_socket: Path | None,
 ) -> None:
     """Run the kubelet device-manager emulator in the foreground."""
@@ -129,6 +146,8 @@ def kubelet(
         per_socket_clients=per_socket_clients,
         pod_resources_socket=pod_resources_socket,
         started_ns=process_start_ns(),
+        topology_manager_policy=topology_manager_policy,
+        topology_manager_scope=topology_manager_scope,
     )
 
     async def run() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
 from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
-from kubedevice.kubelet.admission import Admitter, StartResult
+from kubedevice.kubelet.admission import POLICIES, SCOPES, Admitter, StartResult
 from kubedevice.kubelet.checkpoint import CheckpointWriter
 from kubedevice.kubelet.control import ControlServer, control_socket_path, state_dir
 from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
@@ -78,6 +78,11 @@ class Emulator:
         started_ns: when this kubelet "started" (wall clock, ns; default: now). The
             start-up cleanup removes only sockets older than that, so a plugin started
             together with the emulator keeps its socket; the CLI passes its process start.
+        topology_manager_policy: ``none`` (the kubelet's default: no NUMA hint, the whole
+            available set is offered to GetPreferredAllocation), ``best-effort``,
+            ``restricted`` or ``single-numa-node`` (the last two refuse a pod with
+            ``TopologyAffinityError``).
+        topology_manager_scope: ``container`` (default) or ``pod``.
     """
 
     def __init__(
@@ -92,7 +97,15 @@ class Emulator:
         pod_resources_qps: float = 100.0,
         pod_resources_burst: int = 10,
         started_ns: int | None = None,
+        topology_manager_policy: str = "none",
+        topology_manager_scope: str = "container",
     ) -> None:
+        if topology_manager_policy not in POLICIES:
+            raise EmulatorError(f"unknown topology manager policy {topology_manager_policy!r}")
+        if topology_manager_scope not in SCOPES:
+            raise EmulatorError(f"unknown topology manager scope {topology_manager_scope!r}")
+        self.topology_manager_policy = topology_manager_policy
+        self.topology_manager_scope = topology_manager_scope
         #: Sockets made after this instant (wall clock, ns) survive the start-up cleanup.
         self.started_ns = started_ns if started_ns is not None else coarse_now_ns()
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
@@ -169,7 +182,9 @@ class Emulator:
             grace_period_s=self.grace_period_s,
             per_socket_clients=self.per_socket_clients,
         )
-        self._admitter = Admitter(self._manager)
+        self._admitter = Admitter(
+            self._manager, self.topology_manager_policy, self.topology_manager_scope
+        )
         if self.control_socket is not None:
             self._control = ControlServer(self.control_socket, self._handle_control)
             await self._control.start()
