@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import stat
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubelet_helpers import PluginFactory, pod_manifest
@@ -131,3 +133,51 @@ async def test_stream_end_during_allocate_rolls_back(emu: Emulator, plugin: Plug
     assert emu.pods() == []
     release.set()
     assert a.calls.allocate == [[["d0"]]]
+
+
+async def _line(reader: asyncio.StreamReader) -> dict[str, Any]:
+    return json.loads(await asyncio.wait_for(reader.readline(), 15))  # type: ignore[no-any-return]
+
+
+async def test_hung_allocate_reported_and_abandoned_requests_dropped(
+    dp_dir: Path, sock_dir: Path, plugin: PluginFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Emulator(dp_dir, dial_timeout_s=2.0) as emu:
+        assert emu.control_socket is not None
+        p = await plugin(R, devs(3))
+        await emu.wait_for_resource(R, allocatable=3)
+        await emu.apply_pod(pod_manifest("q", {R: 1}))
+        entered, release = asyncio.Event(), asyncio.Event()
+        p.allocate_gate = (entered, release)
+        # the CLI: it reports the pending Allocate and its socket instead of timing out
+        f = sock_dir / "p.yaml"
+        f.write_text(json.dumps(pod_manifest("p", {R: 1})))
+        cli = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "kubedevice"),
+            "pod",
+            "apply",
+            "-f",
+            str(f),
+            env={**os.environ, "DP_DEVICE_PLUGIN_DIR": str(dp_dir)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert cli.stderr is not None
+        await asyncio.wait_for(entered.wait(), 15)
+        waiting = (await asyncio.wait_for(cli.stderr.readline(), 15)).decode()
+        assert "Allocate" in waiting and str(p.socket_path) in waiting, waiting
+        # a delete queued behind it whose client gives up must never run
+        reader, writer = await asyncio.open_unix_connection(str(emu.control_socket))
+        writer.write(json.dumps({"op": "delete", "name": "q"}).encode() + b"\n")
+        await writer.drain()
+        progress = await _line(reader)  # it waits: told so, then its client hangs up
+        assert "Allocate" in progress["progress"]
+        writer.close()
+        await writer.wait_closed()
+        caplog.set_level(logging.WARNING)
+        release.set()
+        out, _ = await asyncio.wait_for(cli.communicate(), 30)
+        assert cli.returncode == 0
+        assert b"pod/p admitted" in out
+        await emu.wait_until(lambda: "client gave up" in caplog.text, 10)
+        assert sorted(x.name for x in emu.pods()) == ["p", "q"]

@@ -66,6 +66,7 @@ def _send(
             timeout,
             wait_for_server=wait,
             on_wait=lambda: click.echo(f"waiting for the emulator at {path} ...", err=True),
+            on_progress=lambda note: click.echo(note, err=True),
         )
     except (OSError, ValueError) as exc:
         raise _Failed(EXIT_ERROR, f"cannot reach the emulator at {path}: {exc}") from exc

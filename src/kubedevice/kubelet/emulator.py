@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,7 +28,7 @@ from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
 from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
 from kubedevice.kubelet.admission import POLICIES, SCOPES, Admitter, StartResult
 from kubedevice.kubelet.checkpoint import CheckpointWriter
-from kubedevice.kubelet.control import ControlServer, control_socket_path, state_dir
+from kubedevice.kubelet.control import CLIENT_GONE, ControlServer, control_socket_path, state_dir
 from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
 from kubedevice.kubelet.events import EventLog, Notifier
 from kubedevice.kubelet.manager import DeviceManager
@@ -186,7 +186,9 @@ class Emulator:
             self._manager, self.topology_manager_policy, self.topology_manager_scope
         )
         if self.control_socket is not None:
-            self._control = ControlServer(self.control_socket, self._handle_control)
+            self._control = ControlServer(
+                self.control_socket, self._handle_control, self.pending_text
+            )
             await self._control.start()
         try:
             self._replay_journal()
@@ -214,8 +216,7 @@ class Emulator:
         """Simulate a kubelet restart: disconnect plugins, wipe sockets, re-read the checkpoint."""
         if not self._running:
             raise EmulatorError("the emulator is not running")
-        assert self._admit_lock is not None
-        async with self._admit_lock:  # no admission half-way through a restart
+        async with self._turn("kubelet restart"):  # no admission half-way through it
             await self._stop_kubelet()
             await self._start_kubelet(restart=True)
 
@@ -379,7 +380,7 @@ class Emulator:
         key = (spec.namespace, spec.name)
         assert self._admit_lock is not None
         assert self._admitter is not None
-        async with self._admit_lock:
+        async with self._turn(f"apply of pod {spec.namespace}/{spec.name}"):
             if key in self._pods:
                 raise ManifestError(f'pods "{spec.name}" already exists')
             self._gc_allocations()
@@ -410,6 +411,35 @@ class Emulator:
                 log.error(conflict, extra={"pod": spec.name, "container": c.name})
         return status
 
+    @contextlib.asynccontextmanager
+    async def _turn(self, what: str) -> AsyncIterator[None]:
+        """Hold the admission lock. The kubelet sets no deadline on plugin RPCs, so a
+        request may wait long behind a hung one; if its client gave up meanwhile it is
+        dropped when its turn comes rather than run behind everyone's back."""
+        lock = self._admit_lock
+        assert lock is not None
+        waited = lock.locked()
+        async with lock:
+            if waited and CLIENT_GONE.get()():
+                log.warning("%s dropped: its client gave up while it waited", what)
+                raise EmulatorError(f"{what} dropped: the client gave up while it waited")
+            yield
+
+    def pending_text(self) -> str | None:
+        """What the emulator is waiting on, for a client that waits (None: nothing)."""
+        if self._manager is None:
+            return None
+        now = time.monotonic()
+        pending = self._manager.pending_rpcs()
+        if not pending:
+            return None
+        rpc, resource, socket, start = pending[0]
+        more = f" (and {len(pending) - 1} more)" if len(pending) > 1 else ""
+        return (
+            f"waiting for the plugin: {rpc} on {resource} (socket {socket}) has not "
+            f"returned for {now - start:.0f} s{more}; the kubelet sets no deadline on it"
+        )
+
     def _check_known_resources(self, spec: PodSpec) -> None:
         # A real kubelet silently skips an extended resource no plugin ever registered (the
         # scheduler would not have placed the pod); the emulator, being the scheduler too,
@@ -438,8 +468,7 @@ class Emulator:
 
     async def delete_pod(self, name: str, namespace: str = "default") -> None:
         """Delete a pod and free its devices (EmulatorError if absent)."""
-        assert self._admit_lock is not None
-        async with self._admit_lock:
+        async with self._turn(f"delete of pod {namespace}/{name}"):
             pod = self._pods.pop((namespace, name), None)
             if pod is None:
                 raise EmulatorError(f'pods "{name}" not found in namespace "{namespace}"')

@@ -344,6 +344,19 @@ class DeviceManager:
         """Allocations of one container, by resource."""
         return self.pod_devices.get(pod_uid, {}).get(container, {})
 
+    def pending_rpcs(self) -> list[tuple[str, str, Path, float]]:
+        """Plugin RPCs in flight: (rpc, resource, socket, monotonic start), oldest first."""
+        eps = {id(e): e for e in self._live}
+        for r in self.resources.values():
+            if r.endpoint is not None:
+                eps[id(r.endpoint)] = r.endpoint
+        out = [
+            (rpc, e.resource, e.socket_path, start)
+            for e in eps.values()
+            for rpc, start in e.pending.values()
+        ]
+        return sorted(out, key=lambda x: x[3])
+
     # ------------------------------------------------------------------ status
 
     def resource_status(self, name: str) -> ResourceStatus | None:
