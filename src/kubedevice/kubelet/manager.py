@@ -145,6 +145,7 @@ class DeviceManager:
         self.write_checkpoint()
 
     def _on_stream_end(self, ep: PluginEndpoint, reason: str) -> None:
+        t = self.events.now()  # before the grace timer is armed
         key = self._client_key(ep.resource, ep.socket_path)
         current = self.clients.get(key)
         disconnected = False
@@ -161,7 +162,7 @@ class DeviceManager:
             self._close_later(ep)
         self.events.append(
             StreamEndEvent(
-                t=self.events.now(),
+                t=t,
                 resource=ep.resource,
                 socket=str(ep.socket_path),
                 reason=reason,
