@@ -85,7 +85,7 @@ CASES: Final[tuple[Case, ...]] = (
         "preferred-allocation",
         Level.SHOULD,
         "GetPreferredAllocation keeps must-include IDs, answers allocation_size IDs, "
-        "only offered ones",
+        "only offered ones, and logs no error meanwhile (a failed hook hidden by a fallback)",
         "§3.7 step 3, §6 gotchas 16 and 17",
     ),
     Case(
@@ -115,7 +115,8 @@ CASES: Final[tuple[Case, ...]] = (
     Case(
         "sigterm-clean-exit",
         Level.SHOULD,
-        "SIGTERM: exit code 0 within 5 s, and the plugin's sockets are removed",
+        "SIGTERM: exit code 0 within 5 s, the plugin's sockets are removed, and nothing of "
+        "its process group is left running (leftovers are killed)",
         "§3.6 (a stale socket confuses the next instance)",
         per_resource=False,
     ),
