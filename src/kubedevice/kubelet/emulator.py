@@ -31,7 +31,7 @@ from kubedevice.kubelet.checkpoint import CheckpointWriter
 from kubedevice.kubelet.control import CLIENT_GONE, ControlServer, control_socket_path, state_dir
 from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
 from kubedevice.kubelet.events import EventLog, Notifier
-from kubedevice.kubelet.manager import DeviceManager
+from kubedevice.kubelet.manager import CHECKPOINT_INTERVAL_S, DeviceManager
 from kubedevice.kubelet.podresources import PodResourcesServer
 from kubedevice.kubelet.pods import ContainerSpec, PodSpec, load_manifests, parse_pod
 from kubedevice.kubelet.registration import RegistrationServer
@@ -83,6 +83,8 @@ class Emulator:
             ``restricted`` or ``single-numa-node`` (the last two refuse a pod with
             ``TopologyAffinityError``).
         topology_manager_scope: ``container`` (default) or ``pod``.
+        checkpoint_interval_s: device-set changes reach the checkpoint at most this often
+            (coalesced; allocations are always written at once).
     """
 
     def __init__(
@@ -99,7 +101,9 @@ class Emulator:
         started_ns: int | None = None,
         topology_manager_policy: str = "none",
         topology_manager_scope: str = "container",
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
     ) -> None:
+        self.checkpoint_interval_s = checkpoint_interval_s
         if topology_manager_policy not in POLICIES:
             raise EmulatorError(f"unknown topology manager policy {topology_manager_policy!r}")
         if topology_manager_scope not in SCOPES:
@@ -181,6 +185,7 @@ class Emulator:
             self._notifier,
             grace_period_s=self.grace_period_s,
             per_socket_clients=self.per_socket_clients,
+            checkpoint_interval_s=self.checkpoint_interval_s,
         )
         self._admitter = Admitter(
             self._manager, self.topology_manager_policy, self.topology_manager_scope

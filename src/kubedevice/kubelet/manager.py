@@ -4,7 +4,8 @@ Mirrors the kubelet's ``manager.go`` state half (the admission half is ``admissi
 every ListAndWatch message replaces a resource's device sets; a stream end marks all its
 devices unhealthy (allocatable 0, capacity kept) and starts the grace period; allocations
 (pod → container → resource → devices + cached Allocate response) are kept here and in the
-checkpoint, which is rewritten after every message and allocation like the kubelet does.
+checkpoint, which is rewritten after every allocation like the kubelet does and after
+device-set changes at most once a second (a flapping plugin would otherwise pin the CPU).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +34,14 @@ from kubedevice.kubelet.types import (
     StreamEndEvent,
 )
 
-__all__ = ["Allocation", "DeviceManager"]
+__all__ = ["CHECKPOINT_INTERVAL_S", "Allocation", "DeviceManager"]
 
 log = logging.getLogger(__name__)
+
+#: Device-set changes (ListAndWatch messages) reach the checkpoint at most this often: the
+#: first at once, later ones within the interval coalesced into one write at its end.
+#: Allocations and frees are written at once, always.
+CHECKPOINT_INTERVAL_S = 1.0
 
 
 @dataclass(slots=True)
@@ -70,8 +78,13 @@ class DeviceManager:
         *,
         grace_period_s: float,
         per_socket_clients: bool,
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
     ) -> None:
         self.dir = device_plugin_dir
+        self.checkpoint_interval_s = checkpoint_interval_s
+        #: when each resource's ListAndWatch messages last caused a checkpoint write
+        self._last_write: dict[str, float] = {}
+        self._deferred: asyncio.TimerHandle | None = None
         self.checkpoint = checkpoint
         self.events = events
         self.notifier = notifier
@@ -142,7 +155,7 @@ class DeviceManager:
                 healthy=len(r.healthy),
             )
         )
-        self.write_checkpoint()
+        self._write_soon(ep.resource)
 
     def _on_stream_end(self, ep: PluginEndpoint, reason: str) -> None:
         t = self.events.now()  # before the grace timer is armed
@@ -232,10 +245,14 @@ class DeviceManager:
         # readers ending now may schedule more closes
         while pending := [t for t in self._closing if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
+        self.flush_checkpoint()
         self.notifier.notify()
 
     def reset(self) -> None:
         """Forget everything (a new kubelet process starts empty)."""
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         for r in self.resources.values():
             if r.grace is not None:
                 r.grace.cancel()
@@ -276,8 +293,37 @@ class DeviceManager:
         self._devices_changed()
         self.write_checkpoint()
 
+    def _write_soon(self, resource: str) -> None:
+        """A device-set change of ``resource``: write now, unless its previous message
+        caused a write less than an interval ago; then once, at the end of that interval.
+
+        A plugin flapping device health would otherwise rewrite (and re-hash) the whole
+        checkpoint on every message. Each write is still atomic (temp file + rename), so a
+        crash loses at most the last interval's health changes, never an allocation.
+        """
+        if self._deferred is not None:
+            self.notifier.notify()
+            return
+        now = time.monotonic()
+        wait = self._last_write.get(resource, -math.inf) + self.checkpoint_interval_s - now
+        if wait <= 0:
+            self._last_write[resource] = now
+            self.write_checkpoint()
+            return
+        self._last_write[resource] = now + wait
+        self._deferred = asyncio.get_running_loop().call_later(wait, self.write_checkpoint)
+        self.notifier.notify()
+
+    def flush_checkpoint(self) -> None:
+        """Write a coalesced device-set change now, if one is pending."""
+        if self._deferred is not None:
+            self.write_checkpoint()
+
     def write_checkpoint(self) -> None:
         """Rewrite the checkpoint (healthy IDs per resource + all allocations)."""
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         if self._registered_dirty:
             self.checkpoint.set_registered(
                 {n: sorted(r.healthy) for n, r in self.resources.items() if r.has_sets}
