@@ -343,8 +343,12 @@ async def test_startup_cleanup_spares_sockets_made_after_the_emulator_started(
 ) -> None:
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(dp_dir / "stale.sock"))
+    # file times have a clock tick's resolution: let one pass (a few ms at most) on
+    # either side of the emulator's start
+    made = (dp_dir / "stale.sock").lstat().st_ctime_ns
+    while coarse_now_ns() <= made:
+        time.sleep(0.001)
     emu = Emulator(dp_dir, control_socket=False, dial_timeout_s=2.0)
-    # file times have a clock tick's resolution: let one pass (a few ms at most)
     while coarse_now_ns() <= emu.started_ns:
         time.sleep(0.001)
     # a plugin that started a moment after the emulator process: its socket is not stale
