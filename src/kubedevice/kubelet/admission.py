@@ -266,17 +266,18 @@ class Admitter:
         r = self.m.resources[resource]
         if not r.options.get_preferred_allocation_available or r.endpoint is None:
             return set()
-        log.debug(
-            "pod %s/%s container %s: GetPreferredAllocation %s available %s must_include %s "
-            "size %d",
-            pod.namespace,
-            pod.name,
-            c.name,
-            resource,
-            ",".join(sorted(available)),
-            ",".join(sorted(must_include)),
-            size,
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "pod %s/%s container %s: GetPreferredAllocation %s available %s "
+                "must_include %s size %d",
+                pod.namespace,
+                pod.name,
+                c.name,
+                resource,
+                ",".join(sorted(available)),
+                ",".join(sorted(must_include)),
+                size,
+            )
         try:
             ids = await r.endpoint.get_preferred_allocation(
                 sorted(available), sorted(must_include), size
@@ -291,15 +292,16 @@ class Admitter:
 
     def _decide(self, who: str, hints: dict[str, list[Hint] | None]) -> Hint | None:
         best, admit = self._merge(hints)
-        log.debug(
-            "topology manager (%s, %s scope) %s: hints %s, best hint %s, admit %s",
-            self.policy,
-            self.scope,
-            who,
-            {r: _hints_text(h) for r, h in hints.items()},
-            _hint_text(best),
-            admit,
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "topology manager (%s, %s scope) %s: hints %s, best hint %s, admit %s",
+                self.policy,
+                self.scope,
+                who,
+                {r: _hints_text(h) for r, h in hints.items()},
+                _hint_text(best),
+                admit,
+            )
         if not admit:
             raise AdmissionError("TopologyAffinityError", TOPOLOGY_AFFINITY_MESSAGE)
         return best
@@ -358,14 +360,15 @@ class Admitter:
                     "no containers return in allocation response "
                     "&AllocateResponse{ContainerResponses:[]*ContainerAllocateResponse{},}"
                 )
-            log.debug(
-                "pod %s/%s container %s: %s chosen %s",
-                pod.namespace,
-                pod.name,
-                c.name,
-                resource,
-                ",".join(ids),
-            )
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "pod %s/%s container %s: %s chosen %s",
+                    pod.namespace,
+                    pod.name,
+                    c.name,
+                    resource,
+                    ",".join(ids),
+                )
             self.m.add_allocation(pod.uid, c.name, resource, ids, raw)
 
     async def start_containers(self, pod: PodSpec) -> dict[str, StartResult]:
