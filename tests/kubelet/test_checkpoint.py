@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from asyncinotify import Inotify, Mask
 from hypothesis import given, settings, strategies as st
-
 from rawplugin import Dev, RawPlugin, devs
 
 from kubedevice.errors import CheckpointError

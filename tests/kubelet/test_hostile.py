@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from kubelet_helpers import PluginFactory, pod_manifest
-from rawplugin import RawPlugin, devs
+from rawplugin import devs
 
 from kubedevice.errors import AdmissionError
 from kubedevice.kubelet import Emulator
@@ -30,9 +30,7 @@ def _journal(dp_dir: Path) -> Path:
 async def test_checkpoint_checksum_with_thousands_of_digits(dp_dir: Path) -> None:
     cp = dp_dir / "kubelet_internal_checkpoint"
     cp.write_bytes(
-        b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":'
-        + b"9" * 5000
-        + b"}"
+        b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":' + b"9" * 5000 + b"}"
     )
     async with Emulator(dp_dir, control_socket=False) as emu:
         assert len(emu.checkpoint_errors) == 1
@@ -165,7 +163,8 @@ async def test_hung_allocate_reported_and_abandoned_requests_dropped(
         assert cli.stderr is not None
         await asyncio.wait_for(entered.wait(), 15)
         waiting = (await asyncio.wait_for(cli.stderr.readline(), 15)).decode()
-        assert "Allocate" in waiting and str(p.socket_path) in waiting, waiting
+        assert "Allocate" in waiting, waiting
+        assert str(p.socket_path) in waiting, waiting
         # a delete queued behind it whose client gives up must never run
         reader, writer = await asyncio.open_unix_connection(str(emu.control_socket))
         writer.write(json.dumps({"op": "delete", "name": "q"}).encode() + b"\n")

@@ -22,8 +22,8 @@ from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.admission import POLICIES, SCOPES
 from kubedevice.kubelet.control import MAX_REQUEST_BYTES, call, control_socket_path
 from kubedevice.kubelet.pods import decode_manifest, load_manifests, parse_pod
-from kubedevice.kubelet.sockets import process_start_ns
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
+from kubedevice.kubelet.sockets import process_start_ns
 from kubedevice.signals import stop_on_signals
 
 __all__ = ["COMMANDS"]

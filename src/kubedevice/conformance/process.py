@@ -102,7 +102,7 @@ class PluginProcess:
             if not name.isdigit():
                 continue
             try:
-                with open(f"/proc/{name}/stat") as f:  # noqa: ASYNC230 - procfs, no disk I/O
+                with open(f"/proc/{name}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
@@ -130,7 +130,7 @@ class PluginProcess:
             waits = []
             for fd in fds:
                 done: asyncio.Future[None] = loop.create_future()
-                loop.add_reader(fd, lambda d=done: d.done() or d.set_result(None))
+                loop.add_reader(fd, _settle, done)
                 waits.append(done)
             if waits:
                 await asyncio.wait(waits, timeout=limit)
@@ -150,3 +150,8 @@ class PluginProcess:
                 os.killpg(self._proc.pid, signal.SIGKILL)
         await self._proc.wait()
         await self.kill_group()  # what it started and left running, once it is reaped
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -9,6 +9,7 @@ mistake it for a plugin socket: ``<DIR>/../kubedevice-emulator/<basename of DIR>
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -132,7 +133,6 @@ class ControlServer:
             self._conns.discard(task)
             writer.close()
 
-
     async def _run(
         self, req: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> Any:
@@ -232,10 +232,9 @@ def call(
     """
     s = _connect(path, timeout, wait_for_server, on_wait)
     try:
-        try:
+        # the emulator may hang up early (e.g. a request too long): read why below
+        with contextlib.suppress(BrokenPipeError):
             s.sendall(json.dumps(request).encode() + b"\n")
-        except BrokenPipeError:
-            pass  # the emulator hung up early (e.g. a request too long): read why below
         buf = b""
         while True:
             chunk = s.recv(65536)

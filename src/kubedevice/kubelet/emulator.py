@@ -553,9 +553,9 @@ class Emulator:
         for p in self._pods.values():
             for c in p.spec.containers:
                 missing = sorted(
-                    r for r, n in c.limits.items() if n > 0 and r not in m.container_devices(
-                        p.spec.uid, c.name
-                    )
+                    r
+                    for r, n in c.limits.items()
+                    if n > 0 and r not in m.container_devices(p.spec.uid, c.name)
                 )
                 if missing:
                     log.warning(

@@ -12,13 +12,13 @@ Run: ``python fixture_plugin.py --device-plugin-dir DIR [--resource NAME ...] [-
 from __future__ import annotations
 
 import argparse
-import logging
-import subprocess
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
