@@ -180,3 +180,36 @@ async def test_hung_allocate_reported_and_abandoned_requests_dropped(
         assert b"pod/p admitted" in out
         await emu.wait_until(lambda: "client gave up" in caplog.text, 10)
         assert sorted(x.name for x in emu.pods()) == ["p", "q"]
+
+
+async def test_cli_stream_end_during_allocate_exits_3(
+    dp_dir: Path, sock_dir: Path, plugin: PluginFactory
+) -> None:
+    async with Emulator(dp_dir, dial_timeout_s=2.0) as emu:
+        a = await plugin(B, devs(1))
+        p = await plugin(R, devs(1))
+        await emu.wait_for_resource(B, allocatable=1)
+        await emu.wait_for_resource(R, allocatable=1)
+        entered, release = asyncio.Event(), asyncio.Event()
+        p.allocate_gate = (entered, release)
+        f = sock_dir / "p.yaml"
+        f.write_text(json.dumps(pod_manifest("p", {B: 1, R: 1})))
+        cli = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "kubedevice"),
+            "pod",
+            "apply",
+            "-f",
+            str(f),
+            env={**os.environ, "DP_DEVICE_PLUGIN_DIR": str(dp_dir)},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        await asyncio.wait_for(entered.wait(), 15)
+        p.end_streams()  # the SDK's own shutdown does this with an Allocate in flight
+        _, err = await asyncio.wait_for(cli.communicate(), 30)
+        release.set()
+        assert cli.returncode == 3, err
+        assert b"UnexpectedAdmissionError" in err
+        assert f"endpoint {p.socket_path} has been stopped".encode() in err
+        assert emu.node().resources[B].allocated == 0
+        assert a.calls.allocate == [[["d0"]]]
