@@ -146,7 +146,7 @@ def kubelet(
         grace_period_s=grace_period,
         per_socket_clients=per_socket_clients,
         pod_resources_socket=pod_resources_socket,
-        started_ns=process_start_ns(),
+        started_ns=_started_ns(),
         topology_manager_policy=topology_manager_policy,
         topology_manager_scope=topology_manager_scope,
     )
@@ -172,6 +172,13 @@ def kubelet(
     except OSError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_ERROR)
+
+
+def _started_ns() -> int | None:
+    """This process's start, less a margin: a file's ctime may lag the clock by a tick
+    (4 ms), so a socket a plugin made just after we started must still count as newer."""
+    start = process_start_ns()
+    return None if start is None else start - 20_000_000
 
 
 @kubelet.command("restart")

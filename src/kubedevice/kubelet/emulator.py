@@ -36,7 +36,6 @@ from kubedevice.kubelet.podresources import PodResourcesServer
 from kubedevice.kubelet.pods import ContainerSpec, PodSpec, load_manifests, parse_pod
 from kubedevice.kubelet.registration import RegistrationServer
 from kubedevice.kubelet.runtime import merge_allocations
-from kubedevice.kubelet.sockets import coarse_now_ns
 from kubedevice.kubelet.types import (
     AdmissionEvent,
     ContainerAllocation,
@@ -111,7 +110,7 @@ class Emulator:
         self.topology_manager_policy = topology_manager_policy
         self.topology_manager_scope = topology_manager_scope
         #: Sockets made after this instant (wall clock, ns) survive the start-up cleanup.
-        self.started_ns = started_ns if started_ns is not None else coarse_now_ns()
+        self.started_ns = started_ns if started_ns is not None else time.time_ns()
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.kubelet_socket = self.device_plugin_dir / KUBELET_SOCKET
         self.checkpoint_path = self.device_plugin_dir / CHECKPOINT_FILE
@@ -242,7 +241,7 @@ class Emulator:
             msg = f"{exc}; moved aside to {aside.name}, starting empty"
             self.checkpoint_errors.append(msg)
             log.error("failed to read checkpoint: %s", msg)
-        self._cleanup_sockets(coarse_now_ns() if restart else self.started_ns)
+        self._cleanup_sockets(time.time_ns() if restart else self.started_ns)
         self._gc_clean = False
         m.reset()
         if data is not None:

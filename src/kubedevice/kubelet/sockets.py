@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 from grpc import aio
 
 __all__ = [
-    "coarse_now_ns",
     "private_umask",
     "process_start_ns",
     "remove_socket",
@@ -24,24 +22,11 @@ __all__ = [
     "stop_grpc",
 ]
 
-#: Linux's CLOCK_REALTIME_COARSE (the clock file timestamps come from); not in ``time``.
-_CLOCK_REALTIME_COARSE = 5
-
-
-def coarse_now_ns() -> int:
-    """Wall clock as file ctimes see it: a file made after this call has a ctime >= it.
-
-    Linux stamps files from a coarse clock that lags ``time.time_ns()`` by up to a tick,
-    so comparing ctimes against the fine clock would misplace files made just after.
-    """
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError):
-            return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
-    return time.time_ns() - 10_000_000
-
-
 def process_start_ns() -> int | None:
-    """When this process started (wall clock, ns), from /proc; None where unknown."""
+    """When this process started (wall clock, ns), from /proc; None where unknown.
+
+    /proc counts in clock ticks (10 ms), rounded down, so this may be up to a tick early.
+    """
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(fields[19])  # field 22, "starttime", in clock ticks after boot
