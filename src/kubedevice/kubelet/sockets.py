@@ -22,6 +22,7 @@ __all__ = [
     "stop_grpc",
 ]
 
+
 def process_start_ns() -> int | None:
     """When this process started (wall clock, ns), from /proc; None where unknown.
 
