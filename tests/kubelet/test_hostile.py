@@ -110,7 +110,10 @@ async def test_allocations_reconciled_at_start_after_crash(
         assert emu.node().resources[R].allocated == 1
 
 
-async def test_stream_end_during_allocate_rolls_back(emu: Emulator, plugin: PluginFactory) -> None:
+async def test_stream_end_during_allocate_rolls_back(
+    emu: Emulator, plugin: PluginFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kubedevice.kubelet")
     a = await plugin(B, devs(2))
     p = await plugin(R, devs(2))
     await emu.wait_for_resource(B, allocatable=2)
@@ -129,6 +132,7 @@ async def test_stream_end_during_allocate_rolls_back(emu: Emulator, plugin: Plug
     assert str(p.socket_path) in err.value.message
     assert emu.node().resources[B].allocated == 0
     assert emu.pods() == []
+    assert f"pod default/p rejected: UnexpectedAdmissionError: {err.value.message}" in caplog.text
     release.set()
     assert a.calls.allocate == [[["d0"]]]
 

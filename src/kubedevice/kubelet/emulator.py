@@ -392,6 +392,10 @@ class Emulator:
                 self._check_known_resources(spec)
                 await self._admitter.admit(spec)
             except AdmissionError as exc:
+                # the kubelet logs each refused admission too ("Failed to admit pod")
+                log.warning(
+                    "pod %s/%s rejected: %s: %s", spec.namespace, spec.name, exc.reason, exc.message
+                )
                 self.events.append(
                     AdmissionEvent(
                         t=self.events.now(),
