@@ -57,7 +57,7 @@ def test_readme_emulator_walkthrough_runs_without_a_race(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "COUNTER" in proc.stdout  # `pod get` shows the container's env
     assert "example.com/counter" in proc.stdout
-    # Started in this order, the emulator's start-up clean-up never meets the plugin's socket:
+    # Started together, the emulator's start-up clean-up spares the plugin's fresh socket:
     # neither side logs a warning before the first registration (the simulated restart later
     # in the block does remove the plugin's socket, on purpose).
     for log in ("emulator.log", "plugin.log"):

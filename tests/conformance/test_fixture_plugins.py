@@ -40,6 +40,8 @@ BROKEN: dict[str, str] = {
     "--slow-reregister": "reregister-within-1s",
     "--ignore-sigterm": "sigterm-clean-exit",
     "--leave-socket": "sigterm-clean-exit",
+    "--raising-preferred": "preferred-allocation",
+    "--orphan-child": "sigterm-clean-exit",
 }
 
 MULTI = ("--resource", "example.com/a", "--resource", "example.com/b")
@@ -140,3 +142,27 @@ def test_broken_fixture_fails_its_case(reports: dict[str, Report], flag: str, ca
         assert not rep.ok()
     else:
         assert not rep.ok(strict=True)
+
+
+def test_hook_error_named_in_the_evidence(reports: dict[str, Report]) -> None:
+    result = reports["--raising-preferred"].get("preferred-allocation")
+    assert "logged an error" in result.evidence
+    assert "preferred_allocation hook failed" in result.evidence
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # exited (a zombie until its new parent reaps it)
+
+
+def test_orphaned_child_killed_and_reported(reports: dict[str, Report]) -> None:
+    rep = reports["--orphan-child"]
+    result = rep.get("sigterm-clean-exit")
+    assert "process group" in result.evidence, result.evidence
+    lines = [x for x in rep.log_path.read_text().splitlines() if "CHILD " in x]
+    assert lines, _explain(rep)
+    pid = int(lines[0].rsplit(" ", 1)[1])
+    assert _gone(pid)

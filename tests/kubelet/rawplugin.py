@@ -95,6 +95,8 @@ class RawPlugin(dp_grpc.DevicePluginServicer):
         self.preferred_fn: Callable[[list[str], list[str], int], list[str]] | None = None
         self.preferred_error: str | None = None
         self.pre_start_error: str | None = None
+        #: (entered, release): Allocate sets ``entered`` then waits for ``release``
+        self.allocate_gate: tuple[asyncio.Event, asyncio.Event] | None = None
         self.options_error: str | None = None
         self.print_sent = False
         self._queues: list[asyncio.Queue[dp.ListAndWatchResponse | None]] = []
@@ -153,6 +155,10 @@ class RawPlugin(dp_grpc.DevicePluginServicer):
         groups = [list(c.devices_ids) for c in request.container_requests]
         self.calls.deadlines.append(("Allocate", context.time_remaining()))
         self.calls.allocate.append(groups)
+        if self.allocate_gate is not None:
+            entered, release = self.allocate_gate
+            entered.set()
+            await release.wait()
         if self.allocate_error:
             await context.abort(grpc.StatusCode.UNKNOWN, self.allocate_error)
         resp = dp.AllocateResponse()

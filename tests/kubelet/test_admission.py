@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from kubelet_helpers import PluginFactory, pod_manifest
@@ -14,6 +16,15 @@ from kubedevice.kubelet import AdmissionEvent, Emulator
 
 R = "example.com/foo"
 G = "example.com/gpu"
+
+
+@pytest.fixture
+async def emu(dp_dir: Path) -> AsyncIterator[Emulator]:
+    """The NUMA cases here run under the best-effort topology manager policy."""
+    async with Emulator(
+        dp_dir, control_socket=False, dial_timeout_s=2.0, topology_manager_policy="best-effort"
+    ) as e:
+        yield e
 
 
 async def test_one_device(emu: Emulator, plugin: PluginFactory) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
+from asyncinotify import Inotify, Mask
 from hypothesis import given, settings, strategies as st
+from rawplugin import Dev, RawPlugin, devs
 
 from kubedevice.errors import CheckpointError
+from kubedevice.kubelet import Emulator, ListAndWatchEvent
 from kubedevice.kubelet.checkpoint import (
     CheckpointData,
     CheckpointEntry,
@@ -166,3 +170,31 @@ def test_many_allocations_keep_valid_checksums(sock_dir: Path) -> None:
         data = loads(w.path.read_bytes())
         assert data.entries is not None
         assert len(data.entries) == i + 1
+
+
+async def test_flapping_plugin_checkpoint_writes_coalesced(dp_dir: Path) -> None:
+    r = "example.com/flap"
+    async with Emulator(dp_dir, control_socket=False, checkpoint_interval_s=0.5) as emu:
+        p = RawPlugin(dp_dir, r, devs(4))
+        await p.start()
+        await emu.wait_for_resource(r, allocatable=4)
+        with Inotify() as ino:
+            ino.add_watch(dp_dir, Mask.MOVED_TO)
+            seen = len(emu.events.of_type(ListAndWatchEvent))
+            for i in range(11):  # d0 flaps 11 times, as fast as the plugin can send
+                p.devices[0] = Dev("d0", "Unhealthy" if i % 2 == 0 else "Healthy")
+                p.push()
+            await emu.wait_until(
+                lambda: len(emu.events.of_type(ListAndWatchEvent)) == seen + 11, 10
+            )
+            writes = 0
+            while True:  # the coalesced write comes at the end of the interval
+                event = await asyncio.wait_for(ino.get(), 5)
+                if event.name is not None and event.name.name == "kubelet_internal_checkpoint":
+                    writes += 1
+                    data = loads((dp_dir / "kubelet_internal_checkpoint").read_bytes())
+                    assert data.registered is not None
+                    if list(data.registered[r] or ()) == ["d1", "d2", "d3"]:
+                        break
+            assert writes <= 2  # not one per message
+        await p.stop()

@@ -56,3 +56,27 @@ def test_node_without_wait_fails_fast_when_no_emulator(sock_dir: Path) -> None:
     )
     assert node.returncode == 1
     assert "cannot reach the emulator at" in node.stderr
+
+
+def test_serving_line_printed_once_and_first(sock_dir: Path) -> None:
+    env = {**os.environ, "DP_DEVICE_PLUGIN_DIR": str(sock_dir / "dp")}
+    kubelet = subprocess.Popen(
+        [KUBEDEVICE, "--log-level", "debug", "kubelet"],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert kubelet.stderr is not None
+    lines = []
+    for line in kubelet.stderr:
+        lines.append(line)
+        if "serving" in line:
+            break
+    kubelet.send_signal(signal.SIGTERM)
+    rest = kubelet.stderr.read()
+    kubelet.stderr.close()
+    assert kubelet.wait(timeout=30) == 0
+    every = [*lines, *rest.splitlines()]
+    assert sum("serving" in x for x in every) == 1, every
+    assert not any("WARNING" in x or "warning:" in x for x in every), every

@@ -20,11 +20,11 @@ def _with_resources(resources: dict[str, Any], field: str = "containers") -> dic
         "kind": "Pod",
         "metadata": {"name": "p"},
         "spec": {
-            "containers": [{"name": "c", "resources": resources}]
+            "containers": [{"name": "c", "image": "x", "resources": resources}]
             if field == "containers"
-            else [{"name": "app"}],
+            else [{"name": "app", "image": "x"}],
             **(
-                {"initContainers": [{"name": "c", "resources": resources}]}
+                {"initContainers": [{"name": "c", "image": "x", "resources": resources}]}
                 if field == "initContainers"
                 else {}
             ),

@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import grpc
@@ -24,6 +25,11 @@ from kubedevice.kubelet import (
 from kubedevice.kubelet.registration import is_extended_resource_name
 
 R = "example.com/foo"
+
+
+def coarse_now_ns() -> int:
+    """Linux's CLOCK_REALTIME_COARSE, the clock file times may lag behind (by a tick)."""
+    return time.clock_gettime_ns(5)
 
 
 def _bind(path: Path) -> socket.socket:
@@ -335,3 +341,37 @@ async def test_restart_drops_replaced_connections_too(emu: Emulator, plugin: Plu
     s = await emu.wait_for_resource(R, allocatable=4)
     assert s.connected
     assert not any(e.disconnected for e in emu.events.of_type(StreamEndEvent))
+
+
+async def test_startup_cleanup_spares_sockets_made_after_the_emulator_started(
+    dp_dir: Path,
+) -> None:
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(dp_dir / "stale.sock"))
+    # file times have a clock tick's resolution: let one pass (a few ms at most) on
+    # either side of the emulator's start
+    made = (dp_dir / "stale.sock").lstat().st_ctime_ns
+    while coarse_now_ns() <= made:
+        time.sleep(0.001)
+    emu = Emulator(dp_dir, control_socket=False, dial_timeout_s=2.0)
+    while coarse_now_ns() <= emu.started_ns:
+        time.sleep(0.001)
+    # a plugin that started a moment after the emulator process: its socket is not stale
+    p = RawPlugin(dp_dir, "example.com/race", devs(1))
+    await p.serve()
+    try:
+        await emu.start()
+        try:
+            assert p.socket_path.is_socket()
+            assert not (dp_dir / "stale.sock").exists()  # left by an earlier generation
+            await p.register()
+            s = await emu.wait_for_resource("example.com/race", allocatable=1)
+            assert s.connected
+            # a simulated kubelet restart still wipes every socket, as the kubelet does
+            await emu.restart()
+            assert not p.socket_path.exists()
+        finally:
+            await emu.stop()
+    finally:
+        stale.close()
+        await p.stop()

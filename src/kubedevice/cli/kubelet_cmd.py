@@ -19,9 +19,11 @@ import click
 from kubedevice._api import DEFAULT_DEVICE_PLUGIN_DIR, ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import ManifestError
 from kubedevice.kubelet import Emulator
-from kubedevice.kubelet.control import call, control_socket_path
-from kubedevice.kubelet.pods import load_manifests, parse_pod
+from kubedevice.kubelet.admission import POLICIES, SCOPES
+from kubedevice.kubelet.control import MAX_REQUEST_BYTES, call, control_socket_path
+from kubedevice.kubelet.pods import decode_manifest, load_manifests, parse_pod
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
+from kubedevice.kubelet.sockets import process_start_ns
 from kubedevice.signals import stop_on_signals
 
 __all__ = ["COMMANDS"]
@@ -64,6 +66,7 @@ def _send(
             timeout,
             wait_for_server=wait,
             on_wait=lambda: click.echo(f"waiting for the emulator at {path} ...", err=True),
+            on_progress=lambda note: click.echo(note, err=True),
         )
     except (OSError, ValueError) as exc:
         raise _Failed(EXIT_ERROR, f"cannot reach the emulator at {path}: {exc}") from exc
@@ -106,6 +109,20 @@ def _request(
     "instead of by resource name (released kubelets, kubernetes#121994).",
 )
 @click.option(
+    "--topology-manager-policy",
+    type=click.Choice(POLICIES),
+    default="none",
+    show_default=True,
+    help="The kubelet's topology manager policy (NUMA alignment of devices).",
+)
+@click.option(
+    "--topology-manager-scope",
+    type=click.Choice(SCOPES),
+    default="container",
+    show_default=True,
+    help="Align each container on its own, or the whole pod.",
+)
+@click.option(
     "--pod-resources-socket",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -117,6 +134,8 @@ def kubelet(
     device_plugin_dir: Path,
     grace_period: float,
     per_socket_clients: bool,
+    topology_manager_policy: str,
+    topology_manager_scope: str,
     pod_resources_socket: Path | None,
 ) -> None:
     """Run the kubelet device-manager emulator in the foreground."""
@@ -127,6 +146,9 @@ def kubelet(
         grace_period_s=grace_period,
         per_socket_clients=per_socket_clients,
         pod_resources_socket=pod_resources_socket,
+        started_ns=_started_ns(),
+        topology_manager_policy=topology_manager_policy,
+        topology_manager_scope=topology_manager_scope,
     )
 
     async def run() -> None:
@@ -152,6 +174,13 @@ def kubelet(
         sys.exit(EXIT_ERROR)
 
 
+def _started_ns() -> int | None:
+    """This process's start, less a margin: a file's ctime may lag the clock by a tick
+    (4 ms), so a socket a plugin made just after we started must still count as newer."""
+    start = process_start_ns()
+    return None if start is None else start - 20_000_000
+
+
 @kubelet.command("restart")
 @_dir_option
 def kubelet_restart(device_plugin_dir: Path) -> None:
@@ -175,10 +204,20 @@ def pod() -> None:
 def pod_apply(device_plugin_dir: Path, filename: str, output: str) -> None:
     """Validate and admit the pods of a manifest (multi-document allowed)."""
     try:
-        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
-        docs = load_manifests(text)
-        for d in docs:  # validate every object first: nothing is admitted from a bad file
-            parse_pod(d)
+        raw = sys.stdin.buffer.read() if filename == "-" else Path(filename).read_bytes()
+        docs = load_manifests(decode_manifest(raw))
+        seen: dict[tuple[str, str], int] = {}
+        for i, d in enumerate(docs, 1):  # validate every object first: nothing is admitted
+            spec = parse_pod(d)  # from a bad file
+            key = (spec.namespace, spec.name)
+            if key in seen:
+                raise ManifestError(
+                    f'pod "{spec.namespace}/{spec.name}" appears twice in the manifest '
+                    f"(objects {seen[key]} and {i}); nothing was applied"
+                )
+            seen[key] = i
+            if len(json.dumps({"op": "apply", "manifest": d})) >= MAX_REQUEST_BYTES:
+                raise ManifestError(f"manifest too large (limit {MAX_REQUEST_BYTES >> 20} MiB)")
     except OSError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_MANIFEST)

@@ -86,7 +86,7 @@ CASES: Final[tuple[Case, ...]] = (
         "preferred-allocation",
         Level.SHOULD,
         "GetPreferredAllocation keeps must-include IDs, answers allocation_size IDs, "
-        "only offered ones",
+        "only offered ones, and logs no error meanwhile (a failed hook hidden by a fallback)",
         "contract.md#allocation step 3; common mistakes 16 and 17",
     ),
     Case(
@@ -116,7 +116,8 @@ CASES: Final[tuple[Case, ...]] = (
     Case(
         "sigterm-clean-exit",
         Level.SHOULD,
-        "SIGTERM: exit code 0 within 5 s, and the plugin's sockets are removed",
+        "SIGTERM: exit code 0 within 5 s, the plugin's sockets are removed, and nothing of "
+        "its process group is left running (leftovers are killed)",
         "contract.md#stream-end (a stale socket confuses the next instance)",
         per_resource=False,
     ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,12 @@ class ResourceState:
     unhealthy: list[str] = field(default_factory=list)
 
 
+#: A plugin log line that reports a problem (any language's usual words for one).
+_LOGGED_ERROR = re.compile(
+    r"(?i)\b(error|exception|traceback|panic|fatal|critical|fail(ed|ure|s)?)\b"
+)
+
+
 class RunContext:
     """The state of one run: emulator, plugin process, what was learned, the results."""
 
@@ -115,6 +122,23 @@ class RunContext:
         #: monotonic time each registered endpoint's socket was created (from its ctime).
         self.created: dict[str, float | None] = {}
         self._mono_offset = time.time() - time.monotonic()
+
+    def log_offset(self) -> int:
+        """How much the plugin has logged so far (bytes); see :meth:`logged_errors`."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def logged_errors(self, since: int) -> list[str]:
+        """Lines the plugin logged after ``since`` that report an error or a failure."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(since)
+                text = f.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            return []
+        return [x.strip() for x in text.splitlines() if _LOGGED_ERROR.search(x)]
 
     def cap(self, limit: float) -> float:
         """The contract's ``limit`` capped by the run's ``timeout``."""

@@ -244,8 +244,17 @@ async def check_sigterm(ctx: RunContext) -> None:
             started=started,
         )
         return
+    orphans = await ctx.proc.kill_group()
     left = sorted(s for s in sockets if (ctx.dir / s).exists())
-    if code != 0:
+    if orphans:
+        ctx.add(
+            "sigterm-clean-exit",
+            Outcome.FAIL,
+            f"exited {code} after {fmt(took)} but left {len(orphans)} process(es) of its "
+            f"process group running (pid {', '.join(map(str, orphans))}); killed them",
+            started=started,
+        )
+    elif code != 0:
         ctx.add(
             "sigterm-clean-exit",
             Outcome.FAIL,

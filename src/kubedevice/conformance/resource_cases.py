@@ -357,6 +357,7 @@ async def _case_preferred(ctx: RunContext, res: ResourceState) -> None:
     if len(avail) >= 2:
         asks.append((list(avail), [avail[-1]], 2))
     ep = ctx.endpoint(res.name)
+    logged = ctx.log_offset()
     for available, must, size in asks:
         try:
             answer = await ctx.bounded(
@@ -381,6 +382,19 @@ async def _case_preferred(ctx: RunContext, res: ResourceState) -> None:
                 started,
             )
             return
+    # A plugin whose hook failed may still answer validly from a fallback: the error it
+    # logged meanwhile is the only trace, and the hook the author wrote never ran.
+    errors = ctx.logged_errors(logged)
+    if errors:
+        ctx.add(
+            "preferred-allocation",
+            Outcome.FAIL,
+            "the answers were valid, but the plugin logged an error while answering "
+            f"(its hook failed and a fallback answered?): {errors[0][:200]}",
+            res.name,
+            started,
+        )
+        return
     ctx.add(
         "preferred-allocation",
         Outcome.PASS,

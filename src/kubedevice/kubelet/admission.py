@@ -1,10 +1,10 @@
 """Pod admission: topology hints, device choice, GetPreferredAllocation, Allocate, PreStart.
 
-Mirrors ``manager.go Allocate/allocateContainerResources/devicesToAllocate/filterByAffinity``
-and ``topology_hints.go`` (contract.md#allocation, #prestartcontainer, #topology) with a
-best-effort topology manager (container scope) on a machine whose NUMA nodes are those the
-devices report. Sets are walked in sorted order where the kubelet walks Go maps (unspecified
-order).
+Mirrors ``manager.go Allocate/allocateContainerResources/devicesToAllocate/filterByAffinity``,
+``topology_hints.go`` (contract.md#allocation, #prestartcontainer, #topology) and the topology manager's policies
+(none, best-effort, restricted, single-numa-node) and scopes (container, pod) on a machine
+whose NUMA nodes are those the devices report. Sets are walked in sorted order where the
+kubelet walks Go maps (unspecified order).
 """
 
 from __future__ import annotations
@@ -21,12 +21,18 @@ from kubedevice.kubelet.endpoint import go_error_text
 from kubedevice.kubelet.manager import DeviceManager
 from kubedevice.kubelet.pods import ContainerSpec, PodSpec
 
-__all__ = ["Admitter", "Hint", "StartResult"]
+__all__ = ["POLICIES", "SCOPES", "Admitter", "Hint", "StartResult", "pod_device_request"]
 
 log = logging.getLogger(__name__)
 
 #: The kubelet's topology manager refuses machines with more NUMA nodes than this.
 MAX_NUMA_NODES = 8
+#: ``--topology-manager-policy`` values (the kubelet's default is ``none``).
+POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+#: ``--topology-manager-scope`` values.
+SCOPES = ("container", "pod")
+#: The kubelet's ``TopologyAffinityError`` text.
+TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +58,16 @@ class _AllocFailed(Exception):
 class Admitter:
     """Admits pods one at a time against a ``DeviceManager``."""
 
-    def __init__(self, manager: DeviceManager) -> None:
+    def __init__(
+        self, manager: DeviceManager, policy: str = "none", scope: str = "container"
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown topology manager policy {policy!r}")
+        if scope not in SCOPES:
+            raise ValueError(f"unknown topology manager scope {scope!r}")
         self.m = manager
+        self.policy = policy
+        self.scope = scope
 
     # ------------------------------------------------------------------ topology
 
@@ -90,35 +104,45 @@ class Admitter:
                     hints.append(Hint(mask, False))
         return [Hint(h.nodes, h.nodes is not None and len(h.nodes) == min_size) for h in hints]
 
-    def container_hint(self, c: ContainerSpec, reuse: dict[str, set[str]]) -> Hint | None:
-        """The best-effort topology manager's merged hint for ``c`` (None: no preference)."""
+    def _numa(self) -> tuple[int, ...]:
         # ids a bitmask cannot hold (negative, >= 64) are not NUMA nodes of any machine
-        numa = tuple(n for n in self.m.numa_nodes() if 0 <= n < 64)
+        return tuple(n for n in self.m.numa_nodes() if 0 <= n < 64)
+
+    def _merge(self, hints: dict[str, list[Hint] | None]) -> tuple[Hint | None, bool]:
+        """The policy's ``Merge`` over the device manager's hints: (best hint, admit).
+
+        ``hints`` maps each requested resource to its hints (None: no topology preference,
+        []: no NUMA combination can satisfy it), like the kubelet's hint provider answer.
+        A best hint of None means "no affinity" (the device manager then ignores NUMA).
+        """
+        numa = self._numa()
         if not numa or len(numa) > MAX_NUMA_NODES:
-            return None
-        per_provider: list[list[Hint]] = []
-        for res, count in sorted(c.limits.items()):
-            if count <= 0:
-                continue
-            hints = self._resource_hints(res, count, reuse.get(res, set()), numa)
-            if hints is None:
-                continue
-            per_provider.append(hints or [Hint(None, False)])
-        if not per_provider:
-            return None
+            return None, True
         all_nodes = frozenset(numa)
-        # the kubelet's HintMerger: BestNonPreferredAffinityCount is the largest of the
-        # providers' narrowest hint widths
+        # filterProvidersHints: no preference -> {any, preferred}; none possible ->
+        # {any, not preferred}; a provider with no resource at all -> {any, preferred}
+        lists = [
+            [Hint(None, True)] if hs is None else (hs or [Hint(None, False)])
+            for _, hs in sorted(hints.items())
+        ] or [[Hint(None, True)]]
+        single = self.policy == "single-numa-node"
+        if single:  # filterSingleNumaHints: preferred "any" or preferred one-node hints
+            lists = [
+                [h for h in hs if h.preferred and (h.nodes is None or len(h.nodes) == 1)]
+                for hs in lists
+            ]
+        # HintMerger: BestNonPreferredAffinityCount is the largest of the providers'
+        # narrowest hint widths
         best_np = max(
             (
                 min(len(h.nodes) for h in hs if h.nodes is not None)
-                for hs in per_provider
+                for hs in lists
                 if any(h.nodes is not None for h in hs)
             ),
             default=0,
         )
         best: Hint | None = None
-        for combo in itertools.product(*per_provider):
+        for combo in itertools.product(*lists):
             affinities = [h.nodes for h in combo if h.nodes is not None]
             mask = all_nodes.intersection(*affinities)
             # mergePermutation: preferred only if every hint is preferred AND all the
@@ -127,7 +151,31 @@ class Admitter:
                 a == affinities[0] for a in affinities
             )
             best = _compare(best, Hint(mask, preferred), best_np)
-        return best if best is not None else Hint(all_nodes, False)
+        if best is None:
+            best = Hint(all_nodes, False)
+        if single and best.nodes == all_nodes:
+            best = Hint(None, best.preferred)
+        return best, self.policy == "best-effort" or best.preferred
+
+    def container_hints(
+        self, c: ContainerSpec, reuse: dict[str, set[str]]
+    ) -> dict[str, list[Hint] | None]:
+        """The device manager's ``GetTopologyHints`` for one container."""
+        numa = self._numa()
+        out: dict[str, list[Hint] | None] = {}
+        for res, count in sorted(c.limits.items()):
+            if count > 0 and res in self.m.resources:
+                out[res] = self._resource_hints(res, count, reuse.get(res, set()), numa)
+        return out
+
+    def pod_hints(self, pod: PodSpec) -> dict[str, list[Hint] | None]:
+        """The device manager's ``GetPodTopologyHints``: the pod's effective request."""
+        numa = self._numa()
+        out: dict[str, list[Hint] | None] = {}
+        for res, count in sorted(pod_device_request(pod).items()):
+            if count > 0 and res in self.m.resources:
+                out[res] = self._resource_hints(res, count, set(), numa)
+        return out
 
     # ------------------------------------------------------------------ device choice
 
@@ -218,6 +266,18 @@ class Admitter:
         r = self.m.resources[resource]
         if not r.options.get_preferred_allocation_available or r.endpoint is None:
             return set()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "pod %s/%s container %s: GetPreferredAllocation %s available %s "
+                "must_include %s size %d",
+                pod.namespace,
+                pod.name,
+                c.name,
+                resource,
+                ",".join(sorted(available)),
+                ",".join(sorted(must_include)),
+                size,
+            )
         try:
             ids = await r.endpoint.get_preferred_allocation(
                 sorted(available), sorted(must_include), size
@@ -230,18 +290,47 @@ class Admitter:
 
     # ------------------------------------------------------------------ admission
 
+    def _decide(self, who: str, hints: dict[str, list[Hint] | None]) -> Hint | None:
+        best, admit = self._merge(hints)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "topology manager (%s, %s scope) %s: hints %s, best hint %s, admit %s",
+                self.policy,
+                self.scope,
+                who,
+                {r: _hints_text(h) for r, h in hints.items()},
+                _hint_text(best),
+                admit,
+            )
+        if not admit:
+            raise AdmissionError("TopologyAffinityError", TOPOLOGY_AFFINITY_MESSAGE)
+        return best
+
     async def admit(self, pod: PodSpec) -> None:
         """Allocate devices for every container of ``pod``; ``AdmissionError`` on failure."""
         reuse: dict[str, set[str]] = {}
+        pod_hint: Hint | None = None
+        if self.policy != "none" and self.scope == "pod":
+            pod_hint = self._decide(f"pod {pod.namespace}/{pod.name}", self.pod_hints(pod))
         try:
             for c in pod.containers:
-                await self._allocate_container(pod, c, reuse)
+                if self.policy == "none":
+                    hint = None  # the none scope: no hint provider is asked
+                elif self.scope == "pod":
+                    hint = pod_hint
+                else:
+                    who = f"pod {pod.namespace}/{pod.name} container {c.name}"
+                    hint = self._decide(who, self.container_hints(c, reuse))
+                await self._allocate_container(pod, c, reuse, hint)
                 mine = self.m.container_devices(pod.uid, c.name)
                 for res, a in mine.items():
                     if c.kind == "init":
                         reuse.setdefault(res, set()).update(a.device_ids)
                     else:
                         reuse.setdefault(res, set()).difference_update(a.device_ids)
+        except AdmissionError:
+            self.m.remove_pod(pod.uid)  # devices of the containers admitted before
+            raise
         except _AllocFailed as exc:
             self.m.remove_pod(pod.uid)
             raise AdmissionError(
@@ -249,9 +338,8 @@ class Admitter:
             ) from None
 
     async def _allocate_container(
-        self, pod: PodSpec, c: ContainerSpec, reuse: dict[str, set[str]]
+        self, pod: PodSpec, c: ContainerSpec, reuse: dict[str, set[str]], hint: Hint | None
     ) -> None:
-        hint = self.container_hint(c, reuse) if c.limits else None
         for resource, count in sorted(c.limits.items()):
             if count <= 0:
                 continue
@@ -265,11 +353,21 @@ class Admitter:
             try:
                 raw = await ep.allocate_raw(ids)
             except PluginRpcError as exc:
-                raise _AllocFailed(go_error_text(exc)) from exc
+                # a stopped endpoint answers with the kubelet's plain errEndpointStopped text
+                raise _AllocFailed(exc.details if ep.stopped else go_error_text(exc)) from exc
             if raw is None:
                 raise _AllocFailed(
                     "no containers return in allocation response "
                     "&AllocateResponse{ContainerResponses:[]*ContainerAllocateResponse{},}"
+                )
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "pod %s/%s container %s: %s chosen %s",
+                    pod.namespace,
+                    pod.name,
+                    c.name,
+                    resource,
+                    ",".join(ids),
                 )
             self.m.add_allocation(pod.uid, c.name, resource, ids, raw)
 
@@ -296,6 +394,39 @@ class Admitter:
                     break
             out[c.name] = StartResult(error is None, error)
         return out
+
+
+def pod_device_request(pod: PodSpec) -> dict[str, int]:
+    """The pod's effective limits (``resource.PodLimits``): apps plus sidecars, or the
+    largest init container plus the sidecars started before it, whichever is larger."""
+    out: dict[str, int] = {}
+    resources = {r for c in pod.containers for r in c.limits}
+    for res in resources:
+        sidecars = init_max = apps = 0
+        for c in pod.containers:
+            n = c.limits.get(res, 0)
+            if c.kind == "sidecar":
+                sidecars += n
+                init_max = max(init_max, sidecars)
+            elif c.kind == "init":
+                init_max = max(init_max, sidecars + n)
+            else:
+                apps += n
+        out[res] = max(apps + sidecars, init_max)
+    return out
+
+
+def _hint_text(h: Hint | None) -> str:
+    if h is None:
+        return "{} (no NUMA nodes)"
+    if h.nodes is None:
+        return f"{{any {'preferred' if h.preferred else 'not preferred'}}}"
+    nodes = ",".join(map(str, sorted(h.nodes)))
+    return f"{{{nodes} {'preferred' if h.preferred else 'not preferred'}}}"
+
+
+def _hints_text(hs: list[Hint] | None) -> str:
+    return "no preference" if hs is None else "[" + " ".join(map(_hint_text, hs)) + "]"
 
 
 def _mask(nodes: frozenset[int] | None) -> int:

@@ -193,8 +193,11 @@ def loads(raw: bytes) -> CheckpointData:
     """Parse and verify a checkpoint file; ``CheckpointError`` if corrupt, foreign or tampered."""
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
+    except ValueError as exc:  # JSONDecodeError, or an integer of thousands of digits
+        why = str(exc).splitlines()[0][:200]
+        raise CheckpointError(f"checkpoint is not valid JSON (e.g. its Checksum): {why}") from exc
     if not isinstance(doc, dict):
         raise CheckpointError("checkpoint is not a JSON object")
     body = doc.get("Data")

@@ -9,6 +9,8 @@ mistake it for a plugin socket: ``<DIR>/../kubedevice-emulator/<basename of DIR>
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import logging
 import socket
@@ -19,11 +21,30 @@ from typing import Any
 
 from kubedevice.kubelet.sockets import private_umask, remove_socket
 
-__all__ = ["ControlServer", "call", "control_socket_path", "state_dir"]
+__all__ = [
+    "CLIENT_GONE",
+    "MAX_REQUEST_BYTES",
+    "ControlServer",
+    "call",
+    "control_socket_path",
+    "state_dir",
+]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+Progress = Callable[[], str | None]
+
+#: For the request being handled: True once its client has hung up (read by the emulator
+#: when a queued request's turn comes, so that nobody's abandoned request runs later).
+CLIENT_GONE: contextvars.ContextVar[Callable[[], bool]] = contextvars.ContextVar(
+    "CLIENT_GONE", default=lambda: False
+)
+
+#: Seconds before the first "still waiting" line, and the most between two of them (the
+#: CLI's socket timeout is longer, so a request that waits on a plugin never times out).
+PROGRESS_FIRST_S = 1.0
+PROGRESS_MAX_S = 20.0
 
 #: Longest request line accepted (a pod manifest easily exceeds asyncio's 64 KiB default).
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -43,9 +64,10 @@ def control_socket_path(device_plugin_dir: str | Path) -> Path:
 class ControlServer:
     """Serves the control protocol; ``handler`` gets each request and returns the result."""
 
-    def __init__(self, path: Path, handler: Handler) -> None:
+    def __init__(self, path: Path, handler: Handler, progress: Progress | None = None) -> None:
         self.path = path
         self._handler = handler
+        self._progress = progress
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
 
@@ -82,7 +104,10 @@ class ControlServer:
                 try:
                     line = await reader.readline()
                 except ValueError:  # longer than MAX_REQUEST_BYTES: answer, then hang up
-                    too_long = {"type": "ValueError", "message": "request line too long"}
+                    too_long = {
+                        "type": "ValueError",
+                        "message": f"request too large (limit {MAX_REQUEST_BYTES >> 20} MiB)",
+                    }
                     writer.write(json.dumps({"ok": False, "error": too_long}).encode() + b"\n")
                     await writer.drain()
                     break
@@ -92,7 +117,7 @@ class ControlServer:
                     req = json.loads(line)
                     if not isinstance(req, dict):
                         raise ValueError("request must be a JSON object")
-                    result = await self._handler(req)
+                    result = await self._run(req, reader, writer)
                     reply: dict[str, Any] = {"ok": True, "result": result}
                 except Exception as exc:
                     err: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
@@ -107,6 +132,42 @@ class ControlServer:
         finally:
             self._conns.discard(task)
             writer.close()
+
+    async def _run(
+        self, req: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Any:
+        """Run one request; while it waits, tell the client what on, now and then."""
+        token = CLIENT_GONE.set(lambda: reader.at_eof() or writer.is_closing())
+        try:
+            task = asyncio.ensure_future(self._handler(req))  # copies the context
+        finally:
+            CLIENT_GONE.reset(token)
+        delay = PROGRESS_FIRST_S
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=delay)
+                if done:
+                    break
+                delay = min(delay * 2, PROGRESS_MAX_S)
+                note = self._progress() if self._progress is not None else None
+                if note and not writer.is_closing():
+                    writer.write(json.dumps({"progress": note}).encode() + b"\n")
+                    await writer.drain()
+        except BaseException:
+            if not task.done():  # our connection is going away: the request still runs
+                task.add_done_callback(_consume)
+            raise
+        try:
+            return task.result()
+        except asyncio.CancelledError:
+            # the handler was cancelled from inside (not this connection): an answer, not
+            # a silently dropped connection
+            raise RuntimeError("the request was cancelled inside the emulator") from None
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _alive(path: Path) -> bool:
@@ -157,6 +218,7 @@ def call(
     *,
     wait_for_server: float = 0.0,
     on_wait: Callable[[], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Send one request and return the reply object (blocking; for the CLI).
 
@@ -166,19 +228,31 @@ def call(
         timeout: Socket timeout for the exchange.
         wait_for_server: How long to wait for an emulator that is still starting.
         on_wait: Called once if the emulator is not there yet and we start waiting.
+        on_progress: Called with each "still waiting" note the emulator sends.
     """
     s = _connect(path, timeout, wait_for_server, on_wait)
     try:
-        s.sendall(json.dumps(request).encode() + b"\n")
+        # the emulator may hang up early (e.g. a request too long): read why below
+        with contextlib.suppress(BrokenPipeError):
+            s.sendall(json.dumps(request).encode() + b"\n")
         buf = b""
-        while not buf.endswith(b"\n"):
+        while True:
             chunk = s.recv(65536)
             if not chunk:
                 break
             buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                reply = json.loads(line)
+                if not isinstance(reply, dict):
+                    raise ValueError("bad reply from emulator")
+                if "progress" in reply and "ok" not in reply:
+                    if on_progress is not None:
+                        on_progress(str(reply["progress"]))
+                    continue
+                return reply
     finally:
         s.close()
-    reply = json.loads(buf)
-    if not isinstance(reply, dict):
-        raise ValueError("bad reply from emulator")
-    return reply
+    if not buf:
+        raise ValueError("the emulator closed the connection without an answer")
+    raise ValueError("bad reply from emulator")

@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -26,12 +26,12 @@ from typing import Any
 
 from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
 from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
-from kubedevice.kubelet.admission import Admitter, StartResult
+from kubedevice.kubelet.admission import POLICIES, SCOPES, Admitter, StartResult
 from kubedevice.kubelet.checkpoint import CheckpointWriter
-from kubedevice.kubelet.control import ControlServer, control_socket_path, state_dir
+from kubedevice.kubelet.control import CLIENT_GONE, ControlServer, control_socket_path, state_dir
 from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
 from kubedevice.kubelet.events import EventLog, Notifier
-from kubedevice.kubelet.manager import DeviceManager
+from kubedevice.kubelet.manager import CHECKPOINT_INTERVAL_S, DeviceManager
 from kubedevice.kubelet.podresources import PodResourcesServer
 from kubedevice.kubelet.pods import ContainerSpec, PodSpec, load_manifests, parse_pod
 from kubedevice.kubelet.registration import RegistrationServer
@@ -74,6 +74,16 @@ class Emulator:
             journal pods next to it.
         dial_timeout_s: the kubelet's dial deadline during Register (10 s).
         pod_resources_qps, pod_resources_burst: the PodResources rate limit (100, 10).
+        started_ns: when this kubelet "started" (wall clock, ns; default: now). The
+            start-up cleanup removes only sockets older than that, so a plugin started
+            together with the emulator keeps its socket; the CLI passes its process start.
+        topology_manager_policy: ``none`` (the kubelet's default: no NUMA hint, the whole
+            available set is offered to GetPreferredAllocation), ``best-effort``,
+            ``restricted`` or ``single-numa-node`` (the last two refuse a pod with
+            ``TopologyAffinityError``).
+        topology_manager_scope: ``container`` (default) or ``pod``.
+        checkpoint_interval_s: device-set changes reach the checkpoint at most this often
+            (coalesced; allocations are always written at once).
     """
 
     def __init__(
@@ -87,7 +97,20 @@ class Emulator:
         dial_timeout_s: float = DIAL_TIMEOUT_S,
         pod_resources_qps: float = 100.0,
         pod_resources_burst: int = 10,
+        started_ns: int | None = None,
+        topology_manager_policy: str = "none",
+        topology_manager_scope: str = "container",
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
     ) -> None:
+        self.checkpoint_interval_s = checkpoint_interval_s
+        if topology_manager_policy not in POLICIES:
+            raise EmulatorError(f"unknown topology manager policy {topology_manager_policy!r}")
+        if topology_manager_scope not in SCOPES:
+            raise EmulatorError(f"unknown topology manager scope {topology_manager_scope!r}")
+        self.topology_manager_policy = topology_manager_policy
+        self.topology_manager_scope = topology_manager_scope
+        #: Sockets made after this instant (wall clock, ns) survive the start-up cleanup.
+        self.started_ns = started_ns if started_ns is not None else time.time_ns()
         self.device_plugin_dir = Path(device_plugin_dir).absolute()
         self.kubelet_socket = self.device_plugin_dir / KUBELET_SOCKET
         self.checkpoint_path = self.device_plugin_dir / CHECKPOINT_FILE
@@ -161,14 +184,20 @@ class Emulator:
             self._notifier,
             grace_period_s=self.grace_period_s,
             per_socket_clients=self.per_socket_clients,
+            checkpoint_interval_s=self.checkpoint_interval_s,
         )
-        self._admitter = Admitter(self._manager)
+        self._admitter = Admitter(
+            self._manager, self.topology_manager_policy, self.topology_manager_scope
+        )
         if self.control_socket is not None:
-            self._control = ControlServer(self.control_socket, self._handle_control)
+            self._control = ControlServer(
+                self.control_socket, self._handle_control, self.pending_text
+            )
             await self._control.start()
         try:
             self._replay_journal()
             await self._start_kubelet(restart=False)
+            self._reconcile()
         except BaseException:
             await self._stop_kubelet()
             if self._control is not None:
@@ -191,8 +220,7 @@ class Emulator:
         """Simulate a kubelet restart: disconnect plugins, wipe sockets, re-read the checkpoint."""
         if not self._running:
             raise EmulatorError("the emulator is not running")
-        assert self._admit_lock is not None
-        async with self._admit_lock:  # no admission half-way through a restart
+        async with self._turn("kubelet restart"):  # no admission half-way through it
             await self._stop_kubelet()
             await self._start_kubelet(restart=True)
 
@@ -213,7 +241,7 @@ class Emulator:
             msg = f"{exc}; moved aside to {aside.name}, starting empty"
             self.checkpoint_errors.append(msg)
             log.error("failed to read checkpoint: %s", msg)
-        self._cleanup_sockets()
+        self._cleanup_sockets(time.time_ns() if restart else self.started_ns)
         self._gc_clean = False
         m.reset()
         if data is not None:
@@ -237,7 +265,7 @@ class Emulator:
                 t=self.events.now(), socket=str(self.kubelet_socket), restart=restart
             )
         )
-        log.info("kubelet emulator serving", extra={"socket": str(self.kubelet_socket)})
+        log.debug("Registration served", extra={"socket": str(self.kubelet_socket)})
 
     async def _stop_kubelet(self) -> None:
         if self._registration is not None:
@@ -249,10 +277,21 @@ class Emulator:
             await self._podresources.stop()
             self._podresources = None
 
-    def _cleanup_sockets(self) -> None:
+    def _cleanup_sockets(self, before_ns: int) -> None:
+        # The kubelet's CleanupPluginDirectory removes every socket before Registration is
+        # served. Here only those that existed before this kubelet started (the previous
+        # generation's) go: a plugin that starts together with the emulator and made its
+        # socket meanwhile cannot have registered yet and must not lose it.
         for entry in os.scandir(self.device_plugin_dir):
             try:
-                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISSOCK(st.st_mode):
+                    continue
+                if st.st_ctime_ns > before_ns:
+                    log.debug("keeping %s: made after the emulator started", entry.path)
+                    continue
+                now = os.lstat(entry.path)
+                if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):  # not replaced since
                     os.unlink(entry.path)
             except FileNotFoundError:
                 continue
@@ -345,7 +384,7 @@ class Emulator:
         key = (spec.namespace, spec.name)
         assert self._admit_lock is not None
         assert self._admitter is not None
-        async with self._admit_lock:
+        async with self._turn(f"apply of pod {spec.namespace}/{spec.name}"):
             if key in self._pods:
                 raise ManifestError(f'pods "{spec.name}" already exists')
             self._gc_allocations()
@@ -353,6 +392,10 @@ class Emulator:
                 self._check_known_resources(spec)
                 await self._admitter.admit(spec)
             except AdmissionError as exc:
+                # the kubelet logs each refused admission too ("Failed to admit pod")
+                log.warning(
+                    "pod %s/%s rejected: %s: %s", spec.namespace, spec.name, exc.reason, exc.message
+                )
                 self.events.append(
                     AdmissionEvent(
                         t=self.events.now(),
@@ -375,6 +418,35 @@ class Emulator:
             for conflict in c.runtime.conflicts:  # the kubelet logs these as errors
                 log.error(conflict, extra={"pod": spec.name, "container": c.name})
         return status
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, what: str) -> AsyncIterator[None]:
+        """Hold the admission lock. The kubelet sets no deadline on plugin RPCs, so a
+        request may wait long behind a hung one; if its client gave up meanwhile it is
+        dropped when its turn comes rather than run behind everyone's back."""
+        lock = self._admit_lock
+        assert lock is not None
+        waited = lock.locked()
+        async with lock:
+            if waited and CLIENT_GONE.get()():
+                log.warning("%s dropped: its client gave up while it waited", what)
+                raise EmulatorError(f"{what} dropped: the client gave up while it waited")
+            yield
+
+    def pending_text(self) -> str | None:
+        """What the emulator is waiting on, for a client that waits (None: nothing)."""
+        if self._manager is None:
+            return None
+        now = time.monotonic()
+        pending = self._manager.pending_rpcs()
+        if not pending:
+            return None
+        rpc, resource, socket, start = pending[0]
+        more = f" (and {len(pending) - 1} more)" if len(pending) > 1 else ""
+        return (
+            f"waiting for the plugin: {rpc} on {resource} (socket {socket}) has not "
+            f"returned for {now - start:.0f} s{more}; the kubelet sets no deadline on it"
+        )
 
     def _check_known_resources(self, spec: PodSpec) -> None:
         # A real kubelet silently skips an extended resource no plugin ever registered (the
@@ -404,8 +476,7 @@ class Emulator:
 
     async def delete_pod(self, name: str, namespace: str = "default") -> None:
         """Delete a pod and free its devices (EmulatorError if absent)."""
-        assert self._admit_lock is not None
-        async with self._admit_lock:
+        async with self._turn(f"delete of pod {namespace}/{name}"):
             pod = self._pods.pop((namespace, name), None)
             if pod is None:
                 raise EmulatorError(f'pods "{name}" not found in namespace "{namespace}"')
@@ -418,8 +489,12 @@ class Emulator:
         if self._journal is None:
             return
         try:
-            with self._journal.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            fd = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.fchmod(fd, 0o600)  # also a journal an older version left world-readable
+                os.write(fd, (json.dumps(record) + "\n").encode())
+            finally:
+                os.close(fd)
         except OSError as exc:
             log.error("cannot write pod journal: %s", exc)
 
@@ -427,25 +502,73 @@ class Emulator:
         if self._journal is None or self._pods:
             return
         try:
-            lines = self._journal.read_text().splitlines()
+            raw = self._journal.read_bytes()
         except OSError:
             return
         pods: dict[str, _Pod] = {}
-        for line in lines:
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
             try:
-                rec = json.loads(line)
+                rec = json.loads(line.decode("utf-8"))
+                if not isinstance(rec, dict) or len(rec) != 1:
+                    raise ValueError("not an object with one key")
                 if "add" in rec:
                     p = _spec_from_json(rec["add"])
                     pods[p.spec.uid] = p
-                elif "del" in rec:
+                elif "del" in rec and isinstance(rec["del"], str):
                     pods.pop(rec["del"], None)
-            except (ValueError, KeyError, TypeError):
-                log.warning("skipping a bad pod journal line")
-        self._pods = {(p.spec.namespace, p.spec.name): p for p in pods.values()}
-        with contextlib.suppress(OSError):
-            self._journal.write_text(
-                "".join(json.dumps({"add": _spec_to_json(p)}) + "\n" for p in pods.values())
-            )
+                else:
+                    raise ValueError("neither a pod to add nor a pod UID to delete")
+            except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
+                why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+                log.warning("skipping pod journal line %d of %s: %s", n, self._journal, why)
+        self._pods = {}
+        for p in pods.values():
+            key = (p.spec.namespace, p.spec.name)
+            if key in self._pods:  # two UIDs for one name: keep the later one
+                log.warning("pod journal: %s/%s is in it twice; keeping the later", *key)
+            self._pods[key] = p
+        tmp = self._journal.with_name(f".{self._journal.name}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for p in self._pods.values():
+                    os.write(fd, (json.dumps({"add": _spec_to_json(p)}) + "\n").encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._journal)
+        except OSError as exc:
+            log.error("cannot rewrite pod journal: %s", exc)
+
+    def _reconcile(self) -> None:
+        """Start-up with the pod journal: the pods are known, so the checkpoint must agree.
+
+        Allocations of pods the journal does not hold (a crash between the checkpoint write
+        and the journal write) are dropped now rather than at the next admission; a pod
+        whose devices the checkpoint lost is kept, with a warning per container.
+        """
+        if self._journal is None:
+            return
+        self._gc_clean = False
+        self._gc_allocations()
+        m = self._m
+        for p in self._pods.values():
+            for c in p.spec.containers:
+                missing = sorted(
+                    r
+                    for r, n in c.limits.items()
+                    if n > 0 and r not in m.container_devices(p.spec.uid, c.name)
+                )
+                if missing:
+                    log.warning(
+                        "pod %s/%s container %s restored without its devices (%s): the "
+                        "checkpoint has no allocation for them",
+                        p.spec.namespace,
+                        p.spec.name,
+                        c.name,
+                        ", ".join(missing),
+                    )
 
     # ------------------------------------------------------------------ control socket
 
@@ -495,12 +618,43 @@ def _spec_to_json(p: _Pod) -> dict[str, Any]:
     }
 
 
-def _spec_from_json(d: dict[str, Any]) -> _Pod:
-    spec = PodSpec(
-        d["name"],
-        d["namespace"],
-        d["uid"],
-        tuple(ContainerSpec(c[0], c[1], dict(c[2])) for c in d["containers"]),
-    )
-    started = {k: StartResult(bool(v[0]), v[1]) for k, v in d.get("started", {}).items()}
+def _spec_from_json(d: Any) -> _Pod:
+    """A journaled pod; ``ValueError`` naming what is wrong with a damaged record."""
+    if not isinstance(d, dict):
+        raise ValueError("the pod is not an object")
+    for k in ("name", "namespace", "uid"):
+        if not isinstance(d.get(k), str) or not d[k]:
+            raise ValueError(f"pod {k} is not a non-empty string")
+    raw_containers = d.get("containers")
+    if not isinstance(raw_containers, list):
+        raise ValueError("pod containers is not a list")
+    containers = []
+    for c in raw_containers:
+        if not (
+            isinstance(c, list)
+            and len(c) == 3
+            and isinstance(c[0], str)
+            and c[1] in ("init", "sidecar", "app")
+            and isinstance(c[2], dict)
+            and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in c[2].items()
+            )
+        ):
+            raise ValueError("a container is not [name, kind, {resource: count}]")
+        containers.append(ContainerSpec(c[0], c[1], dict(c[2])))
+    spec = PodSpec(d["name"], d["namespace"], d["uid"], tuple(containers))
+    started: dict[str, StartResult] = {}
+    raw_started = d.get("started", {})
+    if not isinstance(raw_started, dict):
+        raise ValueError("pod started is not an object")
+    for k, v in raw_started.items():
+        if not (
+            isinstance(v, list)
+            and len(v) == 2
+            and isinstance(v[0], bool)
+            and (v[1] is None or isinstance(v[1], str))
+        ):
+            raise ValueError("a container start result is not [bool, error]")
+        started[k] = StartResult(v[0], v[1])
     return _Pod(spec, started)

@@ -208,6 +208,9 @@ class PluginEndpoint:
         self._reader_call: Any = None
         self._closed = False
         self._stopped = False
+        #: RPCs in flight: call number -> (rpc name, monotonic start)
+        self.pending: dict[int, tuple[str, float]] = {}
+        self._calls = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -282,13 +285,26 @@ class PluginEndpoint:
         if self.stopped:
             err = self._stopped_error(rpc)
         else:
+            self._calls += 1
+            number = self._calls
+            self.pending[number] = (rpc, start)
             try:
                 out = await make()
             except aio.UsageError as exc:  # the channel was closed while the call started
                 err, cause = self._stopped_error(rpc), exc
+            except asyncio.CancelledError as exc:
+                # grpc ends a call in flight with CancelledError when its channel closes
+                # (the plugin's stream ended): that is this endpoint stopping, not our task
+                # being cancelled, which must still propagate.
+                task = asyncio.current_task()
+                if not self.stopped or (task is not None and task.cancelling()):
+                    raise
+                err, cause = self._stopped_error(rpc), exc
             except grpc.RpcError as exc:
                 code, details = _status(exc)
                 err, cause = PluginRpcError(rpc, self.resource, code, details), exc
+            finally:
+                self.pending.pop(number, None)
         self._events.append(
             RpcEvent(
                 t=start,

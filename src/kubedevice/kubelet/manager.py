@@ -4,13 +4,17 @@ Mirrors the kubelet's ``manager.go`` state half (the admission half is ``admissi
 every ListAndWatch message replaces a resource's device sets; a stream end marks all its
 devices unhealthy (allocatable 0, capacity kept) and starts the grace period; allocations
 (pod → container → resource → devices + cached Allocate response) are kept here and in the
-checkpoint, which is rewritten after every message and allocation like the kubelet does.
+checkpoint, which is rewritten after every allocation like the kubelet does and after
+device-set changes at most once a second (a flapping plugin would otherwise pin the CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +34,14 @@ from kubedevice.kubelet.types import (
     StreamEndEvent,
 )
 
-__all__ = ["Allocation", "DeviceManager"]
+__all__ = ["CHECKPOINT_INTERVAL_S", "Allocation", "DeviceManager"]
 
 log = logging.getLogger(__name__)
+
+#: Device-set changes (ListAndWatch messages) reach the checkpoint at most this often: the
+#: first at once, later ones within the interval coalesced into one write at its end.
+#: Allocations and frees are written at once, always.
+CHECKPOINT_INTERVAL_S = 1.0
 
 
 @dataclass(slots=True)
@@ -69,8 +78,13 @@ class DeviceManager:
         *,
         grace_period_s: float,
         per_socket_clients: bool,
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
     ) -> None:
         self.dir = device_plugin_dir
+        self.checkpoint_interval_s = checkpoint_interval_s
+        #: when each resource's ListAndWatch messages last caused a checkpoint write
+        self._last_write: dict[str, float] = {}
+        self._deferred: asyncio.TimerHandle | None = None
         self.checkpoint = checkpoint
         self.events = events
         self.notifier = notifier
@@ -141,9 +155,10 @@ class DeviceManager:
                 healthy=len(r.healthy),
             )
         )
-        self.write_checkpoint()
+        self._write_soon(ep.resource)
 
     def _on_stream_end(self, ep: PluginEndpoint, reason: str) -> None:
+        t = self.events.now()  # before the grace timer is armed
         key = self._client_key(ep.resource, ep.socket_path)
         current = self.clients.get(key)
         disconnected = False
@@ -160,7 +175,7 @@ class DeviceManager:
             self._close_later(ep)
         self.events.append(
             StreamEndEvent(
-                t=self.events.now(),
+                t=t,
                 resource=ep.resource,
                 socket=str(ep.socket_path),
                 reason=reason,
@@ -175,9 +190,18 @@ class DeviceManager:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    def _plugin_disconnected(self, r: _Resource) -> None:
+    @staticmethod
+    def _mark_unhealthy(r: _Resource) -> None:
+        # the kubelet's markResourceUnhealthy: every device, whatever its last report
         r.unhealthy |= r.healthy
         r.healthy = set()
+        r.devices = {
+            k: d if not d.healthy else dataclasses.replace(d, health="Unhealthy")
+            for k, d in r.devices.items()
+        }
+
+    def _plugin_disconnected(self, r: _Resource) -> None:
+        self._mark_unhealthy(r)
         r.stop_time = self.events.now()
         self._devices_changed()
         self._arm_grace(r)
@@ -205,8 +229,7 @@ class DeviceManager:
         self.clients.clear()
         for r in self.resources.values():
             if r.endpoint is not None and r.stop_time is None:
-                r.unhealthy |= r.healthy
-                r.healthy = set()
+                self._mark_unhealthy(r)
                 r.stop_time = self.events.now()
             if r.grace is not None:
                 r.grace.cancel()
@@ -222,10 +245,14 @@ class DeviceManager:
         # readers ending now may schedule more closes
         while pending := [t for t in self._closing if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
+        self.flush_checkpoint()
         self.notifier.notify()
 
     def reset(self) -> None:
         """Forget everything (a new kubelet process starts empty)."""
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         for r in self.resources.values():
             if r.grace is not None:
                 r.grace.cancel()
@@ -266,8 +293,37 @@ class DeviceManager:
         self._devices_changed()
         self.write_checkpoint()
 
+    def _write_soon(self, resource: str) -> None:
+        """A device-set change of ``resource``: write now, unless its previous message
+        caused a write less than an interval ago; then once, at the end of that interval.
+
+        A plugin flapping device health would otherwise rewrite (and re-hash) the whole
+        checkpoint on every message. Each write is still atomic (temp file + rename), so a
+        crash loses at most the last interval's health changes, never an allocation.
+        """
+        if self._deferred is not None:
+            self.notifier.notify()
+            return
+        now = time.monotonic()
+        wait = self._last_write.get(resource, -math.inf) + self.checkpoint_interval_s - now
+        if wait <= 0:
+            self._last_write[resource] = now
+            self.write_checkpoint()
+            return
+        self._last_write[resource] = now + wait
+        self._deferred = asyncio.get_running_loop().call_later(wait, self.write_checkpoint)
+        self.notifier.notify()
+
+    def flush_checkpoint(self) -> None:
+        """Write a coalesced device-set change now, if one is pending."""
+        if self._deferred is not None:
+            self.write_checkpoint()
+
     def write_checkpoint(self) -> None:
         """Rewrite the checkpoint (healthy IDs per resource + all allocations)."""
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         if self._registered_dirty:
             self.checkpoint.set_registered(
                 {n: sorted(r.healthy) for n, r in self.resources.items() if r.has_sets}
@@ -334,6 +390,19 @@ class DeviceManager:
     def container_devices(self, pod_uid: str, container: str) -> dict[str, Allocation]:
         """Allocations of one container, by resource."""
         return self.pod_devices.get(pod_uid, {}).get(container, {})
+
+    def pending_rpcs(self) -> list[tuple[str, str, Path, float]]:
+        """Plugin RPCs in flight: (rpc, resource, socket, monotonic start), oldest first."""
+        eps = {id(e): e for e in self._live}
+        for r in self.resources.values():
+            if r.endpoint is not None:
+                eps[id(r.endpoint)] = r.endpoint
+        out = [
+            (rpc, e.resource, e.socket_path, start)
+            for e in eps.values()
+            for rpc, start in e.pending.values()
+        ]
+        return sorted(out, key=lambda x: x[3])
 
     # ------------------------------------------------------------------ status
 

@@ -22,11 +22,13 @@ import yaml
 
 from kubedevice.errors import ManifestError
 from kubedevice.kubelet.registration import is_extended_resource_name
+from kubedevice.kubelet.schema import unknown_fields
 from kubedevice.kubelet.types import ContainerKind
 
 __all__ = [
     "ContainerSpec",
     "PodSpec",
+    "decode_manifest",
     "format_quantity",
     "load_manifests",
     "parse_pod",
@@ -37,6 +39,10 @@ _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 _QUANTITY_MSG = (
     "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 )
+#: Longest quantity text accepted (the largest meaningful one, 2**63-1 in nano units with a
+#: suffix, has 30 characters; longer ones are refused rather than parsed digit by digit).
+MAX_QUANTITY_CHARS = 64
+_TOO_LONG = f"quantity is too long (more than {MAX_QUANTITY_CHARS} characters)"
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _DEC_SUFFIX = {v: k for k, v in _DECIMAL.items()}
@@ -96,7 +102,12 @@ def parse_quantity(raw: Any) -> Quantity:
     """Parse a Kubernetes quantity (``1``, ``500m``, ``2Ki``, ``1e3``, YAML numbers)."""
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise ManifestError(_QUANTITY_MSG)
-    text = repr(raw) if isinstance(raw, float) else str(raw)
+    try:
+        text = repr(raw) if isinstance(raw, float) else str(raw)
+    except ValueError:  # an int of more digits than Python prints
+        raise ManifestError(_TOO_LONG) from None
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise ManifestError(_TOO_LONG)
     m = _QUANTITY.match(text.strip())
     if not m:
         raise ManifestError(_QUANTITY_MSG)
@@ -190,15 +201,79 @@ class PodSpec:
     containers: tuple[ContainerSpec, ...]
 
 
+#: Most nodes a manifest may expand to through YAML aliases (a "billion laughs" document
+#: of a few hundred bytes would otherwise expand into gigabytes when sent on).
+MAX_EXPANDED_NODES = 1_000_000
+
+
+def _check_aliasing(docs: list[Any]) -> None:
+    """Refuse documents whose aliases expand too far, or refer to themselves."""
+    sizes: dict[int, int] = {}
+    busy: set[int] = set()
+
+    def size(x: Any) -> int:
+        if not isinstance(x, dict | list):
+            return 1
+        k = id(x)
+        known = sizes.get(k)
+        if known is not None:
+            return known
+        if k in busy:
+            raise ManifestError("cannot parse manifest: document contains recursive aliasing")
+        busy.add(k)
+        items = list(x.keys()) + list(x.values()) if isinstance(x, dict) else x
+        n = 1
+        for item in items:
+            n += size(item)
+            if n > MAX_EXPANDED_NODES:
+                raise ManifestError(
+                    "cannot parse manifest: document contains excessive aliasing "
+                    f"(expands to more than {MAX_EXPANDED_NODES:,} nodes)"
+                )
+        busy.discard(k)
+        sizes[k] = n
+        return n
+
+    total = 0
+    for d in docs:
+        total += size(d)
+        if total > MAX_EXPANDED_NODES:
+            raise ManifestError(
+                "cannot parse manifest: document contains excessive aliasing "
+                f"(expands to more than {MAX_EXPANDED_NODES:,} nodes)"
+            )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return " ".join(x.strip() for x in text[:4])[:300] if text else type(exc).__name__
+
+
+def decode_manifest(raw: bytes) -> str:
+    """A manifest file's text; ``ManifestError`` if it is not UTF-8 (as the API server wants)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start : exc.start + 1].hex()
+        raise ManifestError(
+            f"manifest is not valid UTF-8: byte 0x{bad} at offset {exc.start}"
+        ) from None
+
+
 def load_manifests(text: str) -> list[dict[str, Any]]:
     """Every object in a YAML or JSON text (multi-document, ``kind: List`` expanded)."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except RecursionError:
+        raise ManifestError("cannot parse manifest: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise ManifestError(f"cannot parse manifest: {_first_line(exc)}") from None
     except yaml.YAMLError as exc:
         try:
             docs = [json.loads(text)]
-        except json.JSONDecodeError:
-            raise ManifestError(f"cannot parse manifest: {exc}") from exc
+        except (ValueError, RecursionError):
+            raise ManifestError(f"cannot parse manifest: {_first_line(exc)}") from exc
+    _check_aliasing(docs)
     out: list[dict[str, Any]] = []
     for d in docs:
         if not isinstance(d, dict):
@@ -230,7 +305,7 @@ def _resources(c: Mapping[str, Any], path: str, errors: list[str]) -> dict[str, 
             try:
                 q = parse_quantity(raw[key])
             except ManifestError as exc:
-                errors.append(f"{fld}: Invalid value: {json.dumps(str(raw[key]))}: {exc}")
+                errors.append(f"{fld}: Invalid value: {_shown(raw[key])}: {exc}")
                 continue
             parsed[section][name] = q
             if "/" not in name:
@@ -270,6 +345,17 @@ def _resources(c: Mapping[str, Any], path: str, errors: list[str]) -> dict[str, 
     return limits
 
 
+def _shown(value: Any) -> str:
+    """A bad value as the error shows it: quoted, long ones cut to their first characters."""
+    try:
+        text = str(value)
+    except ValueError:
+        text = "<an integer of thousands of digits>"
+    if len(text) > 40:
+        text = f"{text[:32]}... ({len(text)} characters)"
+    return json.dumps(text)
+
+
 def _overcommit_allowed(name: str) -> bool:
     """Upstream ``IsOvercommitAllowed``: native resources other than huge pages."""
     native = "/" not in name or "kubernetes.io/" in name
@@ -281,6 +367,12 @@ def parse_pod(manifest: Mapping[str, Any]) -> PodSpec:
     kind = manifest.get("kind", "Pod")
     if kind != "Pod":
         raise ManifestError(f'only kind "Pod" is supported, got {kind!r}')
+    unknown = unknown_fields(manifest)
+    if unknown:  # the API server's strict decoding runs before validation
+        listed = ", ".join(f'unknown field "{f}"' for f in unknown)
+        raise ManifestError(
+            f'Pod in version "v1" cannot be handled as a Pod: strict decoding error: {listed}'
+        )
     meta = manifest.get("metadata") or {}
     spec = manifest.get("spec") or {}
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
@@ -317,6 +409,9 @@ def parse_pod(manifest: Mapping[str, Any]) -> PodSpec:
             elif cname in seen:
                 errors.append(f'{path}.name: Duplicate value: "{cname}"')
             seen.add(cname)
+            image = c.get("image")
+            if not isinstance(image, str) or not image.strip():
+                errors.append(f"{path}.image: Required value")
             kind_c: ContainerKind = "app"
             if field_name == "initContainers":
                 policy = c.get("restartPolicy")

@@ -8,12 +8,33 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from grpc import aio
 
-__all__ = ["private_umask", "remove_socket", "serve_grpc", "stop_grpc"]
+__all__ = [
+    "private_umask",
+    "process_start_ns",
+    "remove_socket",
+    "serve_grpc",
+    "stop_grpc",
+]
+
+
+def process_start_ns() -> int | None:
+    """When this process started (wall clock, ns), from /proc; None where unknown.
+
+    /proc counts in clock ticks (10 ms), rounded down, so this may be up to a tick early.
+    """
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, "starttime", in clock ticks after boot
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time_ns() - max(0, int(age_s * 1e9))
 
 
 @contextlib.contextmanager

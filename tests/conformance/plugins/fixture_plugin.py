@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -55,6 +57,8 @@ BREAK_FLAGS = (
     "no-stream-recovery",
     "ignore-sigterm",
     "leave-socket",
+    "raising-preferred",
+    "orphan-child",
 )
 
 
@@ -170,6 +174,13 @@ class Resource(dp_grpc.DevicePluginServicer):
             avail, must = list(creq.available_deviceIDs), list(creq.must_include_deviceIDs)
             if self.args.bad_preferred:
                 chosen = ["not-offered", *avail][: max(1, creq.allocation_size - 1)]
+            elif self.args.raising_preferred:
+                # like an SDK whose hook raised: log the error, answer a valid default
+                try:
+                    raise KeyError("numa map")
+                except KeyError:
+                    logging.exception("preferred_allocation hook failed; using the default")
+                chosen = (must + [i for i in avail if i not in must])[: creq.allocation_size]
             else:
                 chosen = must + [i for i in avail if i not in must]
                 chosen = chosen[: creq.allocation_size]
@@ -285,6 +296,12 @@ async def _main(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     resources = [Resource(args, name, i) for i, name in enumerate(args.resource)]
+    if args.orphan_child:  # a background helper it never stops: left behind on SIGTERM
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import signal; signal.pause()"],
+            stdin=subprocess.DEVNULL,
+        )
+        _log(f"CHILD {child.pid}")
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(_watch_dir(resources, args))]
         tasks += [tg.create_task(r.supervise(first=True)) for r in resources]
