@@ -3,8 +3,8 @@
 Mirrors ``manager.go Allocate/allocateContainerResources/devicesToAllocate/filterByAffinity``,
 ``topology_hints.go`` (contract.md#allocation, #prestartcontainer, #topology) and the
 topology manager's policies (none, best-effort, restricted, single-numa-node) and scopes
-(container, pod) on a machine whose NUMA nodes are those the devices report. Sets are walked in sorted order where the
-kubelet walks Go maps (unspecified order).
+(container, pod) on a machine whose NUMA nodes are those the devices report. Sets are
+walked in sorted order where the kubelet walks Go maps (unspecified order).
 """
 
 from __future__ import annotations
