@@ -308,8 +308,8 @@ def _loc_text(loc: Sequence[int | str]) -> str:
     return out or "(top level)"
 
 
-def _allowed_keys(loc: Sequence[int | str]) -> list[str]:
-    model: Any = Config
+def _allowed_keys(loc: Sequence[int | str], root: type[BaseModel]) -> list[str]:
+    model: Any = root
     for part in loc[:-1]:
         if isinstance(part, int) or model is None:
             continue
@@ -352,14 +352,14 @@ def _got(value: Any) -> str:
     return repr(value)
 
 
-def _message(err: ErrorDetails) -> str:
+def _message(err: ErrorDetails, root: type[BaseModel]) -> str:
     kind = err["type"]
     ctx: dict[str, Any] = dict(err.get("ctx") or {})
     value = err.get("input")
     if kind == "missing":
         return "required field is missing"
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(err["loc"])
+        allowed = _allowed_keys(err["loc"], root)
         return "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {
@@ -397,15 +397,22 @@ def _error_loc(err: ErrorDetails) -> tuple[tuple[int | str, ...], str | None]:
     return loc, None
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    """One line per error: ``<source>: <field path>: <what was expected>``."""
+def format_validation_error(
+    source: str, exc: ValidationError, model: type[BaseModel] | None = None
+) -> str:
+    """One line per error: ``<source>: <field path>: <what was expected>``.
+
+    ``model`` is the root model validated (for the allowed keys of an unknown-key error);
+    the generic plugin's :class:`Config` when ``None``.
+    """
+    root: type[BaseModel] = Config if model is None else model
     lines = []
     for err in exc.errors(include_url=False):
         loc, override = _error_loc(err)
         if override is not None:
             lines.append(f"{source}: {_loc_text(loc)}: {override}")
             continue
-        msg = _message(err)
+        msg = _message(err, root)
         # model-level validators report "resources[0].name: ..." themselves.
         if err["type"] == "value_error" and re.match(r"^[A-Za-z]+[\[.][^ ]*: ", msg):
             sub, _, msg = msg.partition(": ")
@@ -457,8 +464,13 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate the YAML config at ``path``; errors name the file and the field."""
+def read_yaml(path: str | Path) -> Any:
+    """Read the YAML file at ``path`` (duplicate keys refused); ``None`` when it is empty.
+
+    Raises:
+        ConfigError: It cannot be read, is not UTF-8 or is not valid YAML; the message
+            names the file (and the line and column of a syntax error).
+    """
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -467,7 +479,7 @@ def load_config(path: str | Path) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text: invalid byte at offset {exc.start}") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)
@@ -475,6 +487,12 @@ def load_config(path: str | Path) -> Config:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate the YAML config at ``path``; errors name the file and the field."""
+    source = str(path)
+    data = read_yaml(path)
     if data is None:
         raise ConfigError(
             f"{source}: (top level): empty file; expected a mapping with 'version' and 'resources'"
