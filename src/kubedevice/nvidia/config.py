@@ -45,6 +45,8 @@ __all__ = [
     "parse_duration",
 ]
 
+XidPolicy = Literal["ignore", "reset", "quiet"]
+
 #: The resource of whole GPUs.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 #: XIDs caused by the application (bad memory access, illegal instruction, a watchdog or
@@ -52,9 +54,13 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 DEFAULT_IGNORED_XIDS: Final = (13, 31, 43, 45, 68, 109)
 #: XIDs that leave the GPU unusable until it is reset: 79 fell off the bus, 95 uncontained
 #: ECC error, 119/120 GSP firmware errors.
-DEFAULT_XID_POLICIES: Final[Mapping[int, str]] = {79: "reset", 95: "reset", 119: "reset", 120: "reset"}
+DEFAULT_XID_POLICIES: Final[Mapping[int, XidPolicy]] = {
+    79: "reset",
+    95: "reset",
+    119: "reset",
+    120: "reset",
+}
 
-XidPolicy = Literal["ignore", "reset", "quiet"]
 ListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*")
@@ -269,7 +275,7 @@ class Config(_Model):
             return self
         for key in ("dev_root", "sys_root", "nvidia_driver_root", "host_driver_root", "cdi_dir"):
             if key in update:
-                update[key] = str(Path(update[key]).absolute())  # type: ignore[arg-type]
+                update[key] = str(Path(str(update[key])).absolute())
         data = self.flags.model_dump()
         data.update(update)
         return self.model_copy(update={"flags": Flags.model_validate(data, by_name=True)})
