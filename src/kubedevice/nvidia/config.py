@@ -268,17 +268,34 @@ class Config(_Model):
     def with_overrides(self, **flags: str | None) -> Config:
         """A copy with the given flags replaced (CLI options; ``None`` values are ignored).
 
-        Keys are the Python field names of :class:`Flags` (``dev_root``, ``cdi_dir`` ...).
+        Keys are the Python field names of :class:`Flags` (``dev_root``, ``cdi_dir`` ...);
+        relative paths are made absolute; ``""`` switches ``features_dir`` off.
         """
-        update = {k: v for k, v in flags.items() if v is not None}
+        update: dict[str, str | None] = {k: v for k, v in flags.items() if v is not None}
         if not update:
             return self
-        for key in ("dev_root", "sys_root", "nvidia_driver_root", "host_driver_root", "cdi_dir"):
-            if key in update:
-                update[key] = str(Path(str(update[key])).absolute())
+        for key, value in update.items():
+            if key in _OPTIONAL_PATHS and value == "":
+                update[key] = None  # '' switches an optional file off (no labels ...)
+            elif key in _PATHS and value:
+                update[key] = str(Path(value).absolute())
         data = self.flags.model_dump()
         data.update(update)
         return self.model_copy(update={"flags": Flags.model_validate(data, by_name=True)})
+
+
+_OPTIONAL_PATHS: Final = frozenset({"features_dir", "host_driver_root"})
+_PATHS: Final = frozenset(
+    {
+        "dev_root",
+        "sys_root",
+        "nvidia_driver_root",
+        "host_driver_root",
+        "cdi_dir",
+        "features_dir",
+        "pod_resources_socket",
+    }
+)
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
