@@ -48,7 +48,7 @@ def _nvml_line(exc: NvmlError) -> str:
         "DriverNotLoaded": "the NVIDIA kernel driver is not loaded on this node",
         "NoPermission": "no permission to open the NVIDIA device nodes",
     }.get(exc.code, "")
-    extra = f" ({hint})" if hint else ""
+    extra = f" ({hint})" if hint and "pip install" not in str(exc) else ""
     return f"{exc}{extra}; set flags.failOnInitError: false to serve zero GPUs instead"
 
 
