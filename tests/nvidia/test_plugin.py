@@ -230,3 +230,18 @@ async def test_no_driver_fails_or_serves_zero_gpus(
         status = await emu.wait_for_resource(GPU, timeout=5)
         assert status.capacity == 0
         assert plugins._monitor is None  # no event thread, nothing spinning
+
+
+async def test_four_gpu_pod_gets_the_best_nvlink_clique(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    index = {g.info.uuid: g.info.index for g in host.nvml.machine.gpus}
+    async with _plugins(host, dp_dir, _config()):
+        await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+        first = (await emu.apply_pod(pod("a", GPU, 4))).container("main")
+        # GPUs 0-3: a full-strength NVLink clique (4-7 has degraded links)
+        assert sorted(index[u] for u in first.devices[GPU]) == [0, 1, 2, 3]
+        second = (await emu.apply_pod(pod("b", GPU, 2))).container("main")
+        # of what is left, a pair with 18 links (not 5-6: 6 links, nor 4-7: 12)
+        assert sorted(index[u] for u in second.devices[GPU]) in ([4, 5], [4, 6], [5, 7], [6, 7])

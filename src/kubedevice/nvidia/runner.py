@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -27,9 +28,10 @@ from kubedevice.generic.watcher import FileChanges
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo, NvmlBackend
 from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
 from kubedevice.nvidia.config import Config, load_config
-from kubedevice.nvidia.devices import Inventory, build_inventory
+from kubedevice.nvidia.devices import Inventory, build_inventory, read_numa_node
 from kubedevice.nvidia.health import HealthMonitor, HealthState
-from kubedevice.nvidia.plugin import GpuResourcePlugin
+from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
+from kubedevice.nvidia.topology import build_topology, preferred_allocation
 from kubedevice.plugin.metrics import PluginMetrics
 from kubedevice.plugin.server import PluginServer
 
@@ -95,6 +97,7 @@ class _Derived:
     config: Config
     inventory: Inventory
     cdi_spec: dict[str, Any] | None
+    prefer: Prefer | None
 
 
 class GpuPlugins:
@@ -275,7 +278,10 @@ class GpuPlugins:
                 driver_files=files,
                 host_driver_root=config.flags.effective_host_driver_root,
             )
-        return _Derived(config, inventory, spec)
+        numa = {g.uuid: read_numa_node(config.flags.sys_root, g.pci_bus_id) for g in hw.gpus}
+        topology = build_topology(self.backend, hw.gpus, numa) if hw.driver is not None else None
+        prefer = None if topology is None else functools.partial(preferred_allocation, topology)
+        return _Derived(config, inventory, spec, prefer)
 
     def _healthy(self, uuid: str) -> bool:
         return self.health is None or self._config.health.disabled or self.health.healthy(uuid)
@@ -306,7 +312,7 @@ class GpuPlugins:
                     self._healthy,
                     shared=shared,
                     fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
-                    prefer=None,
+                    prefer=derived.prefer,
                 )
                 plugin.refresh()
                 await self.server.add(plugin)
@@ -317,7 +323,7 @@ class GpuPlugins:
                     config.flags,
                     shared,
                     slicing.fail_requests_greater_than_one,
-                    None,
+                    derived.prefer,
                 )
                 plugin.refresh()
 
