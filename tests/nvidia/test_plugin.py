@@ -245,3 +245,28 @@ async def test_four_gpu_pod_gets_the_best_nvlink_clique(
         second = (await emu.apply_pod(pod("b", GPU, 2))).container("main")
         # of what is left, a pair with 18 links (not 5-6: 6 links, nor 4-7: 12)
         assert sorted(index[u] for u in second.devices[GPU]) in ([4, 5], [4, 6], [5, 7], [6, 7])
+
+
+async def test_node_labels_written_and_updated_on_reload(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    feature_file = host.features / "kubedevice-nvidia"
+    async with _plugins(host, dp_dir, _config()) as plugins:
+        await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+        labels = _labels(feature_file)
+        assert labels["nvidia.com/gpu.count"] == "8"
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        assert labels["nvidia.com/gpu.compute.major"] == "9"
+        assert labels["nvidia.com/gpu.replicas"] == "1"
+        await plugins.reload(
+            _config(sharing={"timeSlicing": {"resources": [{"name": GPU, "replicas": 3}]}})
+        )
+        labels = _labels(feature_file)
+        assert labels["nvidia.com/gpu.replicas"] == "3"
+        assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+
+
+def _labels(path: Path) -> dict[str, str]:
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)

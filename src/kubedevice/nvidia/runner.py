@@ -30,6 +30,7 @@ from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
 from kubedevice.nvidia.config import Config, load_config
 from kubedevice.nvidia.devices import Inventory, build_inventory, read_numa_node
 from kubedevice.nvidia.health import HealthMonitor, HealthState
+from kubedevice.nvidia.labels import compute_labels, write_feature_file
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import build_topology, preferred_allocation
 from kubedevice.plugin.metrics import PluginMetrics
@@ -98,6 +99,7 @@ class _Derived:
     inventory: Inventory
     cdi_spec: dict[str, Any] | None
     prefer: Prefer | None
+    labels: dict[str, str] | None
 
 
 class GpuPlugins:
@@ -281,7 +283,19 @@ class GpuPlugins:
         numa = {g.uuid: read_numa_node(config.flags.sys_root, g.pci_bus_id) for g in hw.gpus}
         topology = build_topology(self.backend, hw.gpus, numa) if hw.driver is not None else None
         prefer = None if topology is None else functools.partial(preferred_allocation, topology)
-        return _Derived(config, inventory, spec, prefer)
+        labels = None
+        if hw.driver is not None:
+            slicing = config.sharing.time_slicing
+            replicas = max((r.replicas for r in slicing.resources), default=1)
+            labels = compute_labels(
+                hw.driver,
+                hw.gpus,
+                hw.mig,
+                mig_strategy=config.flags.mig_strategy,
+                sharing_strategy="time-slicing" if slicing.resources else "none",
+                replicas=replicas,
+            )
+        return _Derived(config, inventory, spec, prefer, labels)
 
     def _healthy(self, uuid: str) -> bool:
         return self.health is None or self._config.health.disabled or self.health.healthy(uuid)
@@ -291,6 +305,12 @@ class GpuPlugins:
         config = derived.config
         if derived.cdi_spec is not None:
             await asyncio.to_thread(write_spec, config.flags.cdi_dir, derived.cdi_spec)
+        if derived.labels is not None and config.flags.features_dir is not None:
+            written = await asyncio.to_thread(
+                write_feature_file, Path(config.flags.features_dir), derived.labels
+            )
+            if written:
+                log.info("node labels written", extra={"dir": config.flags.features_dir})
         self._derived = derived
         self._config = config
         if self.health is not None:
