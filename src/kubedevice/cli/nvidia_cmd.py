@@ -138,6 +138,8 @@ def run_command(
                 overrides=overrides,
                 metrics_address=metrics_address,
                 handle_sighup=True,
+                # real NVML cannot be woken: stopping may take one wait; the fake wakes at once
+                wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
             )
 
     try:

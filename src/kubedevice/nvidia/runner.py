@@ -439,8 +439,12 @@ async def run_gpu_plugin(
     metrics_address: str | None = None,
     ready: Callable[[GpuPlugins], None] | None = None,
     handle_sighup: bool = False,
+    wait_timeout_ms: int = 5000,
 ) -> None:
     """Run the GPU plugin until ``stop`` is set.
+
+    ``wait_timeout_ms`` bounds each NVML event wait: real NVML cannot be interrupted, so
+    it is how long stopping may take (the fake wakes at once and can wait much longer).
 
     Raises:
         NvmlError: NVML cannot start and ``failOnInitError`` is set.
@@ -454,6 +458,7 @@ async def run_gpu_plugin(
         config_path=config_path,
         overrides=overrides,
         metrics_address=metrics_address,
+        wait_timeout_ms=wait_timeout_ms,
     )
     loop = asyncio.get_running_loop()
     if handle_sighup:  # before start: a SIGHUP during start-up must not kill the process
