@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +272,47 @@ async def test_node_labels_written_and_updated_on_reload(
 def _labels(path: Path) -> dict[str, str]:
     lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
     return dict(line.split("=", 1) for line in lines)
+
+
+async def test_metrics_carry_the_pods_labels_health_and_xids(
+    dp_dir: Path, sock_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    async with Emulator(dp_dir, control_socket=False) as emu:
+        overrides = {**host.overrides(), "pod_resources_socket": str(emu.pod_resources_socket)}
+        cfg = _config(health={"quietPeriod": "1h"})
+        plugins = GpuPlugins(
+            cfg,
+            host.nvml,
+            device_plugin_dir=dp_dir,
+            overrides=overrides,
+            metrics_address="127.0.0.1:0",
+        )
+        async with plugins:
+            await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+            main = (await emu.apply_pod(pod("train", GPU, 1))).container("main")
+            (uuid,) = main.devices[GPU]
+            index = next(g.info.index for g in host.nvml.machine.gpus if g.info.uuid == uuid)
+            host.nvml.set_sample(uuid, utilization_gpu=77)
+            host.nvml.inject(HealthEvent(EventKind.XID, uuid, 48))
+            await emu.wait_until(lambda: _health(emu, GPU, uuid) == "Unhealthy", 1.0)
+            url = plugins.metrics_url
+            assert url is not None
+            text = await asyncio.to_thread(_scrape, url)
+    held = f'container="main",gpu="{index}",namespace="default",pod="train",uuid="{uuid}"'
+    util = [line for line in text.splitlines() if line.startswith("kubedevice_nvidia_gpu_util")]
+    assert any(held in line and line.endswith(" 77.0") for line in util), util
+    health = [
+        line for line in text.splitlines() if line.startswith("kubedevice_nvidia_gpu_healthy")
+    ]
+    assert any(held in line and line.endswith(" 0.0") for line in health), health
+    assert sum(line.endswith(" 1.0") for line in health) == 7
+    assert f'kubedevice_nvidia_gpu_xid_errors_total{{uuid="{uuid}",xid="48"}} 1.0' in text or any(
+        "xid_errors_total" in line and uuid in line and 'xid="48"' in line
+        for line in text.splitlines()
+    )
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()  # type: ignore[no-any-return]

@@ -186,7 +186,7 @@ class HealthMonitor:
         self.backend = backend
         self.state = state
         self._on_change = on_change
-        self._sink = sink
+        self.sink = sink
         self._timeout_ms = wait_timeout_ms
         self._loop = asyncio.get_running_loop()
         self._stop = threading.Event()
@@ -253,17 +253,17 @@ class HealthMonitor:
 
     def _handle(self, event: HealthEvent) -> None:
         self.events_seen += 1
-        if self._sink is not None and event.kind is EventKind.XID and event.xid is not None:
-            self._sink.record_xid(self.state.probe_target(event.uuid), event.xid)
+        if self.sink is not None and event.kind is EventKind.XID and event.xid is not None:
+            self.sink.record_xid(self.state.probe_target(event.uuid), event.xid)
         if self.state.on_event(event, time.monotonic()):
             self._changed()
         self._schedule()
 
     def _changed(self) -> None:
-        if self._sink is not None:
+        if self.sink is not None:
             bad = self.state.unhealthy()
             for gpu in set(self.state.parents.values()):
-                self._sink.set_health(gpu, gpu not in bad)
+                self.sink.set_health(gpu, gpu not in bad)
         self._on_change()
 
     def _schedule(self) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError, PluginServerError
 from kubedevice.generic.watcher import FileChanges
@@ -35,6 +35,9 @@ from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import build_topology, preferred_allocation
 from kubedevice.plugin.metrics import PluginMetrics
 from kubedevice.plugin.server import PluginServer
+
+if TYPE_CHECKING:
+    from kubedevice.nvidia.metrics import GpuMetrics
 
 __all__ = ["GpuPlugins", "Hardware", "run_gpu_plugin"]
 
@@ -145,6 +148,9 @@ class GpuPlugins:
         self._wait_timeout_ms = wait_timeout_ms
         self._plugins: dict[str, GpuResourcePlugin] = {}
         self._derived: _Derived | None = None
+        self._gpu_metrics: GpuMetrics | None = None
+        self._metrics_resources: list[str] = []
+        self._device_gpu: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_requested = asyncio.Event()
         self._reload_lock = asyncio.Lock()
@@ -182,6 +188,14 @@ class GpuPlugins:
         """The resource names served."""
         return list(self._plugins)
 
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the Prometheus metrics are served (the real port when ``:0`` was asked)."""
+        if self._http is None:
+            return None
+        host, port = self._http.server_address[:2]
+        return f"http://{host}:{port}/metrics"
+
     def plugin(self, resource: str) -> GpuResourcePlugin:
         """The plugin serving ``resource``."""
         return self._plugins[resource]
@@ -218,6 +232,7 @@ class GpuPlugins:
         if self._metrics is not None and self._metrics_address is not None:
             await self._serve_metrics(self._metrics, self._metrics_address)
         await self._apply(derived)
+        self._sync_metrics()
         await self._sync_monitor()
         self._tasks.append(asyncio.create_task(self._reload_loop(), name="nvidia: reload"))
         if self._config_path is not None:
@@ -255,9 +270,13 @@ class GpuPlugins:
         if self._monitor is not None:
             await self._monitor.stop()
             self._monitor = None
-        if self._http is not None:
-            self._http.shutdown()
-            self._http = None
+        if self._gpu_metrics is not None:
+            self._gpu_metrics.close()
+            self._gpu_metrics = None
+        http, self._http = self._http, None
+        if http is not None:
+            await asyncio.to_thread(http.shutdown)  # blocks up to its poll interval
+            http.server_close()
         await self.server.stop()
         if self.hardware.driver is not None:
             with contextlib.suppress(NvmlError):
@@ -313,6 +332,11 @@ class GpuPlugins:
                 log.info("node labels written", extra={"dir": config.flags.features_dir})
         self._derived = derived
         self._config = config
+        self._device_gpu = {
+            e.id: e.unit.parent_uuid
+            for entries in derived.inventory.resources.values()
+            for e in entries
+        }
         if self.health is not None:
             self.health.config = config.health
         slicing = config.sharing.time_slicing
@@ -355,6 +379,7 @@ class GpuPlugins:
                 self.backend,
                 self.health,
                 self._health_changed,
+                sink=self._gpu_metrics,
                 wait_timeout_ms=self._wait_timeout_ms,
             )
             await self._monitor.start()
@@ -362,6 +387,34 @@ class GpuPlugins:
             await self._monitor.stop()
             self._monitor = None
             self._health_changed()
+
+    def _sync_metrics(self) -> None:
+        """Per-GPU metrics for the resources served now (a new collector when they change)."""
+        if self._metrics is None or self.hardware.driver is None:
+            return
+        resources = sorted(self._plugins)
+        current = self._gpu_metrics
+        if current is not None and self._metrics_resources == resources:
+            return
+        if current is not None:
+            current.close()
+        from kubedevice.nvidia.metrics import GpuMetrics  # prometheus_client: only when asked
+
+        socket = self._config.flags.pod_resources_socket
+        self._gpu_metrics = GpuMetrics(
+            self.backend,
+            self.hardware.gpus,
+            Path(socket),
+            resources,
+            self._device_gpu.get,
+            registry=self._metrics.registry,
+        )
+        self._metrics_resources = resources
+        if self.health is not None:
+            for gpu in self.hardware.gpus:
+                self._gpu_metrics.set_health(gpu.uuid, self.health.healthy(gpu.uuid))
+        if self._monitor is not None:
+            self._monitor.sink = self._gpu_metrics
 
     def _health_changed(self) -> None:
         for plugin in self._plugins.values():
@@ -424,6 +477,7 @@ class GpuPlugins:
                 return
             derived = await asyncio.to_thread(self._derive, config)
             await self._apply(derived)
+            self._sync_metrics()
             await self._sync_monitor()
             log.info("config reloaded", extra={"resources": ",".join(self._plugins)})
 
