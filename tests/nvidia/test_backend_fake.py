@@ -369,3 +369,16 @@ def test_open_backend_specs() -> None:
     for bad in ("", "fake:", "gpu", "fake:no-such-machine"):
         with pytest.raises(ConfigError):
             open_backend(bad)
+
+
+def test_watch_accepts_a_mig_uuid_for_its_parent() -> None:
+    f = FakeNvml.from_file("mig-mixed")
+    f.init()
+    gpu = f.gpus()[1]
+    mig = f.mig_devices(gpu.uuid)[0]
+    f.watch([mig.uuid])
+    f.inject(HealthEvent(EventKind.XID, gpu.uuid, xid=79))
+    ev = f.wait_event(1000)
+    assert ev is not None
+    assert ev.uuid == gpu.uuid
+    f.close()

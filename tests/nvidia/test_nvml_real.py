@@ -345,3 +345,10 @@ def test_other_wait_error_is_raised_as_nvml_error(real: RealNvml, nv: Any) -> No
     with pytest.raises(NvmlError) as e:
         real.wait_event(1000)
     assert e.value.code == "Unknown"
+
+
+def test_watch_a_mig_uuid_registers_its_parent(real: RealNvml, nv: Any) -> None:
+    real.gpus()
+    real.mig_devices(U1)
+    real.watch([M0, M1, U1])
+    assert [u for u, _, _ in nv.state["registered"]] == [U1]

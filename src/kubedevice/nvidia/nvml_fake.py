@@ -799,12 +799,15 @@ class FakeNvml:
         self._gpu(self._mig_parent.get(uuid, uuid))
 
     def watch(self, uuids: list[str]) -> None:
-        """Register events for these GPUs; a lost GPU yields a GPU_LOST event at once."""
+        """Register events for these GPUs (a MIG UUID stands for its parent GPU).
+
+        A lost GPU yields a GPU_LOST event at once instead of failing the call.
+        """
         self._enter()
         lost_now: list[str] = []
         with self._lock:
             self._watched = set()
-            for u in uuids:
+            for u in dict.fromkeys(self._mig_parent.get(u, u) for u in uuids):
                 gpu = self._gpus.get(u)
                 if gpu is None:
                     raise NvmlError("NotFound", "no such GPU", u)

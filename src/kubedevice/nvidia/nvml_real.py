@@ -459,7 +459,10 @@ class RealNvml:
         new_set = self._call(nv.nvmlEventSetCreate)
         watched: list[str] = []
         lost: list[str] = []
-        for u in uuids:
+        with self._lock:
+            parent = {m.uuid: g for g, migs in self._mig.items() for m in migs}
+        # Events are registered on physical GPUs; a MIG UUID stands for its parent.
+        for u in dict.fromkeys(parent.get(u, u) for u in uuids):
             try:
                 h = self._handle(u)
                 supported = self._call(
