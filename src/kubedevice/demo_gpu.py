@@ -244,11 +244,11 @@ async def run_gpu_demo(
             shown = [
                 line
                 for line in text.splitlines()
-                if (
-                    line.startswith("kubedevice_nvidia_gpu_utilization_percent") and 'pod="' in line
+                if line.startswith("kubedevice_nvidia_gpu_xid_errors_total{")
+                or (
+                    line.startswith("kubedevice_nvidia_gpu_utilization_percent")
+                    and 'pod=""' not in line
                 )
-                and 'pod=""' not in line
-                or line.startswith("kubedevice_nvidia_gpu_xid_errors_total{")
             ]
             if not any('pod="notebook"' in line for line in shown):
                 raise DemoError("the metrics do not show pod/notebook's GPU")
