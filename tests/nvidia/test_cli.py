@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -193,3 +194,22 @@ async def _log_line(stream: asyncio.StreamReader, needle: str) -> str:
                 raise AssertionError(f"the log ended before {needle!r}")
             if needle in line:
                 return line
+
+
+def test_info_text_and_json(gpu_host: Any) -> None:
+    host = gpu_host("dgx-8gpu")
+    text = _kubedevice("nvidia", "info", "--nvml", "fake:dgx-8gpu", "--sys-root", str(host.sys))
+    assert text.returncode == 0, text.stderr
+    assert "GPU0  X     NV18  NV18  NV18  NV2" in text.stdout
+    assert "nvidia.com/gpu.count=8" in text.stdout
+    proc = _kubedevice("nvidia", "info", "--nvml", "fake:mig-mixed", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    profiles = {m["profile"] for g in data["gpus"] for m in g["mig_devices"]}
+    assert profiles == {"1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb"}
+    none = _kubedevice("nvidia", "info", "--nvml", "fake:no-driver")
+    assert none.returncode == 2
+    assert none.stderr.strip().splitlines() == [
+        "error: NVML DriverNotLoaded: fake machine 'no-driver' "
+        "(the NVIDIA kernel driver is not loaded on this node)"
+    ]

@@ -166,20 +166,29 @@ def info_command(nvml: str, config_path: Path | None, sys_root: str | None, outp
     try:
         config = load_config(config_path).with_overrides(sys_root=sys_root)
         backend = open_backend(nvml)
-        backend.init()
     except ConfigError as exc:
         _fail(str(exc))
         return
+    slicing = config.sharing.time_slicing
+    try:
+        driver = backend.init()
+        try:
+            data = collect_info(
+                backend,
+                Path(config.flags.sys_root),
+                driver=driver,
+                mig_strategy=config.flags.mig_strategy,
+                sharing_strategy="time-slicing" if slicing.resources else "none",
+                replicas=max((r.replicas for r in slicing.resources), default=1),
+            )
+        finally:
+            backend.shutdown()
     except NvmlError as exc:
         _fail(_nvml_line(exc).split("; set flags")[0])
         return
-    try:
-        data = collect_info(backend, Path(config.flags.sys_root), config=config)
     except KubeDeviceError as exc:
         _fail(str(exc))
         return
-    finally:
-        backend.shutdown()
     if output == "json":
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
