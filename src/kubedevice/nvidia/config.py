@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from kubedevice.errors import ConfigError, InvalidResourceNameError
-from kubedevice.generic.config import format_validation_error, read_yaml
+from kubedevice.generic.yamlfile import read_yaml
 from kubedevice.plugin import validate_resource_name
 
 __all__ = [
@@ -312,6 +312,9 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
+        # only on error: it builds the generic plugin's models too
+        from kubedevice.generic.config import format_validation_error
+
         raise ConfigError(format_validation_error(source, exc, Config)) from None
 
 
