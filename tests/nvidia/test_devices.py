@@ -125,3 +125,36 @@ def test_numa_node_reading(tmp_path: Path) -> None:
     assert read_numa_node(tmp_path, "0000:18:00.0") is None
     assert read_numa_node(tmp_path, "0000:99:00.0") is None  # missing file
     assert read_numa_node(tmp_path, "../../../etc") is None  # never a path outside sysRoot
+
+
+def test_mig_profile_time_sliced_and_renamed(tmp_path: Path) -> None:
+    g0 = gpu(0, mig=True)
+    mig = {g0.uuid: [mig_device(g0, 0, "1g.18gb", (1, 2)), mig_device(g0, 1, "3g.71gb", (3, 4))]}
+    dev, sys = fake_host(tmp_path, [g0], {0: 1})
+    cfg = _config(
+        flags={"migStrategy": "mixed"},
+        sharing={
+            "timeSlicing": {
+                "resources": [
+                    {"name": "nvidia.com/mig-1g.18gb", "replicas": 2, "rename": "example.com/small"}
+                ]
+            }
+        },
+    )
+    inv = build_inventory(cfg, [g0], mig, dev_root=str(dev), sys_root=str(sys))
+    assert sorted(inv.resources) == [
+        "example.com/small",
+        "nvidia.com/gpu",
+        "nvidia.com/mig-3g.71gb",
+    ]
+    assert inv.shared == {"example.com/small"}
+    small = inv.resources["example.com/small"]
+    assert [e.id for e in small] == [f"{mig[g0.uuid][0].uuid}::0", f"{mig[g0.uuid][0].uuid}::1"]
+    assert {e.unit.numa_node for e in small} == {1}
+    assert inv.resources["nvidia.com/gpu"] == ()  # the only GPU is split into MIG devices
+
+
+def test_empty_features_dir_override_switches_labels_off() -> None:
+    cfg = _config(flags={"featuresDir": "/etc/nfd"})
+    assert cfg.with_overrides(features_dir="").flags.features_dir is None
+    assert cfg.with_overrides(features_dir=None).flags.features_dir == "/etc/nfd"
