@@ -85,9 +85,10 @@ class HealthState:
             log.warning("health event for an unknown device %s ignored: %s", uuid, event)
             return False
         if event.kind is EventKind.XID:
-            xid = event.xid if event.xid is not None else -1
-            policy = self.config.policy_for_xid(xid)
-            reason = f"XID {xid}"
+            if event.xid is None:  # an NVML failure reported for this GPU
+                policy, reason = self.config.default_policy, "NVML error"
+            else:
+                policy, reason = self.config.policy_for_xid(event.xid), f"XID {event.xid}"
         elif event.kind is EventKind.ECC_DOUBLE_BIT:
             policy = self.config.double_bit_ecc_policy
             reason = "double-bit ECC error"
@@ -227,27 +228,32 @@ class HealthMonitor:
     # ---- the thread ------------------------------------------------------------------
 
     def _run(self) -> None:
+        failures = 0  # consecutive failed waits: back off so a broken GPU cannot spin us
         while not self._stop.is_set():
             try:
                 event = self.backend.wait_event(self._timeout_ms)
+                failures = 0
             except NvmlError as exc:
+                failures += 1
                 if exc.uuid is None:
                     log.error("NVML event wait failed: %s; retrying in 1 s", exc)
                     self._stop.wait(1.0)
                     continue
                 kind = EventKind.GPU_LOST if exc.code == "GpuIsLost" else EventKind.XID
                 event = HealthEvent(kind, exc.uuid, None, time.monotonic())
-                log.error("NVML failed on %s: %s", exc.uuid, exc)
+                if failures == 1:
+                    log.error("NVML failed on %s: %s", exc.uuid, exc)
             except Exception:
                 log.exception("NVML event wait failed unexpectedly; retrying in 1 s")
                 self._stop.wait(1.0)
                 continue
-            if event is None or self._stop.is_set():
-                continue
-            try:
-                self._loop.call_soon_threadsafe(self._handle, event)
-            except RuntimeError:  # the loop is closed: we are shutting down
-                return
+            if event is not None and not self._stop.is_set():
+                try:
+                    self._loop.call_soon_threadsafe(self._handle, event)
+                except RuntimeError:  # the loop is closed: we are shutting down
+                    return
+            if failures:
+                self._stop.wait(min(0.01 * 2**failures, 1.0))
 
     # ---- on the loop -----------------------------------------------------------------
 
