@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError, PluginServerError
-from kubedevice.generic.watcher import FileChanges
+from kubedevice.generic.watcher import FileChanges, file_digest
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo, NvmlBackend
 from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
 from kubedevice.nvidia.config import Config, load_config
@@ -136,6 +136,8 @@ class GpuPlugins:
         self._config = config.with_overrides(**self._overrides)
         self.backend = backend
         self._config_path = Path(config_path).absolute() if config_path is not None else None
+        # the content in force, taken now: an edit from here on is seen by the watcher
+        self._config_digest = file_digest(self._config_path) if self._config_path else None
         self._changes: FileChanges | None = None
         self._metrics_address = metrics_address
         self._metrics = PluginMetrics() if metrics_address is not None else None
@@ -236,7 +238,7 @@ class GpuPlugins:
         await self._sync_monitor()
         self._tasks.append(asyncio.create_task(self._reload_loop(), name="nvidia: reload"))
         if self._config_path is not None:
-            self._changes = FileChanges(self._config_path)
+            self._changes = FileChanges(self._config_path, self._config_digest)
             self._tasks.append(asyncio.create_task(self._config_loop(), name="nvidia: config"))
         self.timings["serving"] = time.monotonic() - t0
 
@@ -251,7 +253,7 @@ class GpuPlugins:
             raise PluginServerError(
                 f"cannot serve metrics on {address}: {exc.strerror or exc}"
             ) from exc
-        log.info("metrics on http://%s/metrics", address)
+        log.info("metrics on %s", self.metrics_url)
 
     async def stop(self) -> None:
         """Stop the health thread, watchers and the server (idempotent)."""
