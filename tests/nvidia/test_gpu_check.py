@@ -1,4 +1,4 @@
-"""scripts/gpu-check without a GPU: one line and exit 2; a rehearsal of every non-CUDA step on the fake."""
+"""scripts/gpu-check without a GPU: one line, exit 2; every non-CUDA step rehearsed on the fake."""
 
 from __future__ import annotations
 
