@@ -316,3 +316,16 @@ async def test_metrics_carry_the_pods_labels_health_and_xids(
 def _scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.read().decode()  # type: ignore[no-any-return]
+
+
+async def test_unwritable_labels_dir_is_logged_and_gpus_still_served(
+    emu: Emulator, dp_dir: Path, gpu_host: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    blocker = host.root / "not-a-dir"
+    blocker.write_text("")
+    overrides = {**host.overrides(), "features_dir": str(blocker / "features.d")}
+    plugins = GpuPlugins(_config(), host.nvml, device_plugin_dir=dp_dir, overrides=overrides)
+    async with plugins:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+    assert any("node labels not written" in r.getMessage() for r in caplog.records)

@@ -327,11 +327,15 @@ class GpuPlugins:
         if derived.cdi_spec is not None:
             await asyncio.to_thread(write_spec, config.flags.cdi_dir, derived.cdi_spec)
         if derived.labels is not None and config.flags.features_dir is not None:
-            written = await asyncio.to_thread(
-                write_feature_file, Path(config.flags.features_dir), derived.labels
-            )
-            if written:
-                log.info("node labels written", extra={"dir": config.flags.features_dir})
+            try:
+                written = await asyncio.to_thread(
+                    write_feature_file, Path(config.flags.features_dir), derived.labels
+                )
+            except ConfigError as exc:  # labels are a side dish: the GPUs are still served
+                log.error("node labels not written: %s", exc)
+            else:
+                if written:
+                    log.info("node labels written", extra={"dir": config.flags.features_dir})
         self._derived = derived
         self._config = config
         self._device_gpu = {
