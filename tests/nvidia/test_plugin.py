@@ -329,3 +329,39 @@ async def test_unwritable_labels_dir_is_logged_and_gpus_still_served(
     async with plugins:
         await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
     assert any("node labels not written" in r.getMessage() for r in caplog.records)
+
+
+async def test_labels_removed_when_switched_off_or_without_nvml(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    feature_file = host.features / "kubedevice-nvidia"
+    async with _plugins(host, dp_dir, _config()) as plugins:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        assert feature_file.exists()
+        await plugins.reload(_config(flags={"featuresDir": None}))
+        assert plugins.config.flags.features_dir == str(host.features)  # the CLI flag wins
+        assert feature_file.exists()
+    # a stale file of an earlier run disappears when NVML does not start
+    nodriver = gpu_host("no-driver")
+    overrides = {**nodriver.overrides(), "features_dir": str(host.features)}
+    cfg = _config(flags={"failOnInitError": False})
+    async with GpuPlugins(cfg, nodriver.nvml, device_plugin_dir=dp_dir, overrides=overrides):
+        assert not feature_file.exists()  # removed during start-up, before serving
+
+
+async def test_labels_follow_a_reloaded_features_dir(
+    emu: Emulator, dp_dir: Path, gpu_host: Any, tmp_path: Path
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    overrides = {k: v for k, v in host.overrides().items() if k != "features_dir"}
+    first, second = tmp_path / "nfd-a", tmp_path / "nfd-b"
+    cfg = _config(flags={"featuresDir": str(first)})
+    async with GpuPlugins(cfg, host.nvml, device_plugin_dir=dp_dir, overrides=overrides) as p:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        assert (first / "kubedevice-nvidia").exists()
+        await p.reload(_config(flags={"featuresDir": str(second)}))
+        assert not (first / "kubedevice-nvidia").exists()
+        assert (second / "kubedevice-nvidia").exists()
+        await p.reload(_config(flags={"featuresDir": None}))
+        assert not (second / "kubedevice-nvidia").exists()

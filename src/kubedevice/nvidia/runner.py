@@ -30,7 +30,7 @@ from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
 from kubedevice.nvidia.config import Config, load_config
 from kubedevice.nvidia.devices import Inventory, build_inventory, read_numa_node
 from kubedevice.nvidia.health import HealthMonitor, HealthState
-from kubedevice.nvidia.labels import compute_labels, write_feature_file
+from kubedevice.nvidia.labels import compute_labels, remove_feature_file, write_feature_file
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import build_topology, preferred_allocation
 from kubedevice.plugin.metrics import PluginMetrics
@@ -318,6 +318,26 @@ class GpuPlugins:
             )
         return _Derived(config, inventory, spec, prefer, labels)
 
+    async def _write_labels(self, derived: _Derived) -> None:
+        """Write the labels file; remove one this plugin wrote where it no longer belongs.
+
+        A directory that cannot be written is logged: the GPUs are served all the same.
+        """
+        new_dir = derived.config.flags.features_dir
+        old_dir = self._config.flags.features_dir if self._derived is not None else None
+        try:
+            if old_dir is not None and old_dir != new_dir:
+                await asyncio.to_thread(remove_feature_file, Path(old_dir))
+            if new_dir is None:
+                return
+            if derived.labels is None:  # no NVML: no stale "GPUs present" labels either
+                await asyncio.to_thread(remove_feature_file, Path(new_dir))
+                return
+            if await asyncio.to_thread(write_feature_file, Path(new_dir), derived.labels):
+                log.info("node labels written", extra={"dir": new_dir})
+        except ConfigError as exc:
+            log.error("node labels not written: %s", exc)
+
     def _healthy(self, uuid: str) -> bool:
         return self.health is None or self._config.health.disabled or self.health.healthy(uuid)
 
@@ -326,16 +346,7 @@ class GpuPlugins:
         config = derived.config
         if derived.cdi_spec is not None:
             await asyncio.to_thread(write_spec, config.flags.cdi_dir, derived.cdi_spec)
-        if derived.labels is not None and config.flags.features_dir is not None:
-            try:
-                written = await asyncio.to_thread(
-                    write_feature_file, Path(config.flags.features_dir), derived.labels
-                )
-            except ConfigError as exc:  # labels are a side dish: the GPUs are still served
-                log.error("node labels not written: %s", exc)
-            else:
-                if written:
-                    log.info("node labels written", extra={"dir": config.flags.features_dir})
+        await self._write_labels(derived)
         self._derived = derived
         self._config = config
         self._device_gpu = {
