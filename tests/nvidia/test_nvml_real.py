@@ -364,3 +364,11 @@ def test_real_pynvml_without_a_driver_is_library_not_found() -> None:
     with pytest.raises(NvmlError) as e:
         RealNvml().init()
     assert e.value.code in ("LibraryNotFound", "DriverNotLoaded")
+
+
+def test_a_gpu_lost_before_enumeration_is_left_out(nv: Any) -> None:
+    nv.gpus[U1].lost = True
+    r = RealNvml()
+    r.init()
+    assert [g.uuid for g in r.gpus()] == [U0, U2]
+    assert [(i, e.code) for i, e in r.skipped] == [(1, "GpuIsLost")]
