@@ -168,3 +168,12 @@ def test_remove_feature_file(tmp_path: Path) -> None:
     write_feature_file(tmp_path, {"nvidia.com/gpu.count": "1"})
     assert remove_feature_file(tmp_path) is True
     assert remove_feature_file(tmp_path) is False
+
+
+def test_feature_file_is_world_readable_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        write_feature_file(tmp_path, {"nvidia.com/gpu.count": "1"})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "kubedevice-nvidia").stat().st_mode & 0o777 == 0o644

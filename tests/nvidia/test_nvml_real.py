@@ -352,3 +352,23 @@ def test_watch_a_mig_uuid_registers_its_parent(real: RealNvml, nv: Any) -> None:
     real.mig_devices(U1)
     real.watch([M0, M1, U1])
     assert [u for u, _, _ in nv.state["registered"]] == [U1]
+
+
+def test_real_pynvml_without_a_driver_is_library_not_found() -> None:
+    """With the real nvidia-ml-py and no libnvidia-ml (a CPU machine): one clear error."""
+    pytest.importorskip("pynvml")
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("an NVIDIA driver is installed here")
+    with pytest.raises(NvmlError) as e:
+        RealNvml().init()
+    assert e.value.code in ("LibraryNotFound", "DriverNotLoaded")
+
+
+def test_a_gpu_lost_before_enumeration_is_left_out(nv: Any) -> None:
+    nv.gpus[U1].lost = True
+    r = RealNvml()
+    r.init()
+    assert [g.uuid for g in r.gpus()] == [U0, U2]
+    assert [(i, e.code) for i, e in r.skipped] == [(1, "GpuIsLost")]

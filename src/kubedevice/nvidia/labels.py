@@ -204,6 +204,7 @@ def write_feature_file(
         tmp = directory / f".{name}.tmp{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         try:
+            os.fchmod(fd, 0o644)  # world-readable whatever the umask: nfd-worker reads it
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()

@@ -56,6 +56,10 @@ _MIB = 1024 * 1024
 _GIB = 1024 * _MIB
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a non-MIG event
 _OPTIONAL_CODES = frozenset({"NotSupported", "FunctionNotFound"})
+# Failures of NVML as a whole, not of one GPU: enumeration stops on these.
+_FATAL_CODES = frozenset(
+    {"Uninitialized", "DriverNotLoaded", "LibraryNotFound", "LibRmVersionMismatch"}
+)
 _BRANDS = {
     0: "unknown",
     1: "quadro",
@@ -151,6 +155,7 @@ class RealNvml:
         self._watched: list[str] = []
         self._pending: collections.deque[HealthEvent] = collections.deque()
         self._interrupt = threading.Event()
+        self.skipped: list[tuple[int, NvmlError]] = []  # GPUs gpus() left out
 
     # ---- plumbing
 
@@ -241,39 +246,56 @@ class RealNvml:
         self._call(nv.nvmlShutdown)
 
     def gpus(self) -> list[GpuInfo]:
-        """Every GPU in NVML index order (static facts; optional ones may be "unknown")."""
+        """Every GPU that answers, in NVML index order (optional facts may be "unknown").
+
+        A GPU that fails to answer (fallen off the bus, ``Unknown`` ...) is left out and
+        logged, so one broken GPU does not keep the others from being offered; the
+        indexes and errors of those left out are in :attr:`skipped`.
+        """
         nv = self._require()
         out: list[GpuInfo] = []
+        self.skipped = []
         for index in range(int(self._call(nv.nvmlDeviceGetCount))):
-            h = self._call(nv.nvmlDeviceGetHandleByIndex, index)
-            uuid = _text(self._call(nv.nvmlDeviceGetUUID, h))
-            mem = self._call(nv.nvmlDeviceGetMemoryInfo, h, uuid=uuid)
-            pci = self._call(nv.nvmlDeviceGetPciInfo, h, uuid=uuid)
-            bus = _text(getattr(pci, "busIdLegacy", b"") or pci.busId)
-            cc = self._call(nv.nvmlDeviceGetCudaComputeCapability, h, uuid=uuid, optional=True)
-            arch = self._call(nv.nvmlDeviceGetArchitecture, h, uuid=uuid, optional=True)
-            brand = self._call(nv.nvmlDeviceGetBrand, h, uuid=uuid, optional=True)
-            mig = self._call(nv.nvmlDeviceGetMigMode, h, uuid=uuid, optional=True)
-            serial = self._call(nv.nvmlDeviceGetSerial, h, uuid=uuid, optional=True)
-            info = GpuInfo(
-                index=index,
-                uuid=uuid,
-                minor=int(self._call(nv.nvmlDeviceGetMinorNumber, h, uuid=uuid)),
-                name=_text(self._call(nv.nvmlDeviceGetName, h, uuid=uuid)),
-                memory_total=int(mem.total),
-                pci_bus_id=_sysfs_bus_id(bus),
-                compute_capability=(int(cc[0]), int(cc[1])) if cc else (0, 0),
-                architecture=_ARCHS.get(int(arch), "unknown") if arch is not None else "unknown",
-                brand=_BRANDS.get(int(brand), "unknown") if brand is not None else "unknown",
-                mig_capable=mig is not None,
-                mig_enabled=bool(mig is not None and int(mig[0]) == 1),
-                serial=_text(serial) if serial else None,
-            )
+            try:
+                info, h = self._gpu_info(nv, index)
+            except NvmlError as e:
+                if e.code in _FATAL_CODES:
+                    raise
+                log.error("GPU %d does not answer NVML, left out: %s", index, e)
+                self.skipped.append((index, e))
+                continue
             out.append(info)
             with self._lock:
-                self._handles[uuid] = h
-                self._infos[uuid] = info
+                self._handles[info.uuid] = h
+                self._infos[info.uuid] = info
         return out
+
+    def _gpu_info(self, nv: Any, index: int) -> tuple[GpuInfo, Any]:
+        h = self._call(nv.nvmlDeviceGetHandleByIndex, index)
+        uuid = _text(self._call(nv.nvmlDeviceGetUUID, h))
+        mem = self._call(nv.nvmlDeviceGetMemoryInfo, h, uuid=uuid)
+        pci = self._call(nv.nvmlDeviceGetPciInfo, h, uuid=uuid)
+        bus = _text(getattr(pci, "busIdLegacy", b"") or pci.busId)
+        cc = self._call(nv.nvmlDeviceGetCudaComputeCapability, h, uuid=uuid, optional=True)
+        arch = self._call(nv.nvmlDeviceGetArchitecture, h, uuid=uuid, optional=True)
+        brand = self._call(nv.nvmlDeviceGetBrand, h, uuid=uuid, optional=True)
+        mig = self._call(nv.nvmlDeviceGetMigMode, h, uuid=uuid, optional=True)
+        serial = self._call(nv.nvmlDeviceGetSerial, h, uuid=uuid, optional=True)
+        info = GpuInfo(
+            index=index,
+            uuid=uuid,
+            minor=int(self._call(nv.nvmlDeviceGetMinorNumber, h, uuid=uuid)),
+            name=_text(self._call(nv.nvmlDeviceGetName, h, uuid=uuid)),
+            memory_total=int(mem.total),
+            pci_bus_id=_sysfs_bus_id(bus),
+            compute_capability=(int(cc[0]), int(cc[1])) if cc else (0, 0),
+            architecture=_ARCHS.get(int(arch), "unknown") if arch is not None else "unknown",
+            brand=_BRANDS.get(int(brand), "unknown") if brand is not None else "unknown",
+            mig_capable=mig is not None,
+            mig_enabled=bool(mig is not None and int(mig[0]) == 1),
+            serial=_text(serial) if serial else None,
+        )
+        return info, h
 
     def mig_devices(self, gpu_uuid: str) -> list[MigDeviceInfo]:
         """The MIG devices of a MIG-enabled GPU, with profile names and cap minors."""

@@ -210,11 +210,14 @@ def _exact(s: list[list[int]], base: list[int], n: int, k: int) -> tuple[int, ..
 
 
 def _heuristic(s: list[list[int]], base: list[int], n: int, k: int) -> list[int]:
-    """Greedy builds, then up to _SWAP_ROUNDS rounds of the best 1-for-1 swap.
+    """Greedy builds, each improved by up to _SWAP_ROUNDS best 1-for-1 swaps; the best wins.
 
-    Picking fewer than half: grow from every seed GPU (the best result wins). Picking
-    more: start from all and drop the weakest member until ``k`` remain.
+    One build grows the set from each seed GPU; one more (picking over half the GPUs)
+    starts from all of them and drops the weakest member until ``k`` remain.
     """
+    best: list[int] = []
+    best_value = -1
+    starts: list[tuple[list[int], list[bool], list[int]]] = []
     if 2 * k > n:
         inside = [True] * n
         gain = [base[c] + sum(s[c]) for c in range(n)]  # s[c][c] == 0
@@ -226,9 +229,7 @@ def _heuristic(s: list[list[int]], base: list[int], n: int, k: int) -> list[int]
             row = s[c]
             for x in range(n):
                 gain[x] -= row[x]
-        return sorted(_swaps(s, base, n, pick, inside, gain))
-    best: list[int] = []
-    best_value = -1
+        starts.append((pick, inside, gain))
     for seed in range(n):
         pick = [seed]
         inside = [False] * n
@@ -241,6 +242,8 @@ def _heuristic(s: list[list[int]], base: list[int], n: int, k: int) -> list[int]
             row = s[c]
             for x in range(n):
                 gain[x] += row[x]
+        starts.append((pick, inside, gain))
+    for pick, inside, gain in starts:
         pick = _swaps(s, base, n, pick, inside, gain)
         value = _value(s, base, pick)
         if value > best_value:
