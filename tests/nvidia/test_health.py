@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubedevice.errors import NvmlError
-from kubedevice.nvidia.backend import EventKind, HealthEvent
+from kubedevice.nvidia.backend import EventKind, GpuSample, HealthEvent
 from kubedevice.nvidia.config import HealthConfig, parse_config
 from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.nvml_fake import FakeNvml
@@ -232,3 +232,44 @@ async def test_nvml_errors_never_kill_the_thread() -> None:
     finally:
         await monitor.stop()
         nvml.close()
+
+
+class _SampledNvml(FakeNvml):
+    """The fake, telling when a GPU's readings were taken twice (two recovery probes)."""
+
+    sampled = 0
+    twice = threading.Event()
+
+    def sample(self, uuid: str) -> GpuSample:
+        self.sampled += 1
+        if self.sampled >= 2:
+            self.twice.set()
+        return super().sample(uuid)
+
+
+async def test_a_gpu_with_row_remapping_pending_stays_unhealthy() -> None:
+    fake = _SampledNvml.from_file("dgx-8gpu")
+    fake.twice = threading.Event()
+    fake.init()
+    gpus = [g.uuid for g in fake.gpus()]
+    state = HealthState(HealthConfig.model_validate({"quietPeriod": 0.05}), {u: u for u in gpus})
+    changed = asyncio.Event()
+    monitor = HealthMonitor(fake, state, changed.set, wait_timeout_ms=60000)
+    await monitor.start()
+    try:
+        fake.set_sample(gpus[3], remapped_rows_pending=True)
+        fake.inject(HealthEvent(EventKind.ECC_DOUBLE_BIT, gpus[3]))
+        async with asyncio.timeout(1):
+            await changed.wait()
+        changed.clear()
+        # two quiet periods pass, the GPU answers, but its memory needs a reset
+        assert await asyncio.to_thread(fake.twice.wait, 2.0)
+        assert not state.healthy(gpus[3])
+        assert not changed.is_set()
+        fake.set_sample(gpus[3], remapped_rows_pending=False)  # the reset happened
+        async with asyncio.timeout(2):
+            await changed.wait()
+        assert state.healthy(gpus[3])
+    finally:
+        await monitor.stop()
+        fake.close()

@@ -8,7 +8,8 @@ recovery probes. Policies per event:
 
 * ``ignore``: nothing changes (the XID is still counted in the metrics).
 * ``quiet``: Unhealthy; once ``quietPeriod`` has passed with no further event for that GPU
-  it is probed, and Healthy again if it answers (else another quiet period).
+  it is probed, and Healthy again if it answers with no row remapping pending or failed
+  (else another quiet period).
 * ``reset``: Unhealthy until the GPU has been reset: probed every ``resetCheckInterval``,
   Healthy again once it answers after having stopped answering (fell off the bus and
   came back). A lost GPU always follows this policy.
@@ -289,19 +290,31 @@ class HealthMonitor:
             return
         self._probing = self._loop.create_task(self._probe_due(), name="nvml: recovery probes")
 
+    def _probe(self, gpu: str) -> bool:
+        """Whether the GPU answers and needs no reset (blocking; in a worker thread).
+
+        A GPU with row remapping pending or failed (after uncorrectable memory errors)
+        answers NVML but is not fit for work until it is reset.
+        """
+        try:
+            self.backend.probe(gpu)
+            sample = self.backend.sample(gpu)
+        except NvmlError as exc:
+            log.info("%s does not answer yet: %s", gpu, exc)
+            return False
+        except Exception:
+            log.exception("probing %s failed unexpectedly", gpu)
+            return False
+        if sample.remapped_rows_pending or sample.remapped_rows_failure:
+            log.info("%s answers but its memory rows need remapping: it needs a reset", gpu)
+            return False
+        return True
+
     async def _probe_due(self) -> None:
         changed = False
         for uuid in self.state.due(time.monotonic()):
             target = self.state.probe_target(uuid)
-            try:
-                await asyncio.to_thread(self.backend.probe, target)
-                ok = True
-            except NvmlError as exc:
-                log.info("%s does not answer yet: %s", target, exc)
-                ok = False
-            except Exception:
-                log.exception("probing %s failed unexpectedly", target)
-                ok = False
+            ok = await asyncio.to_thread(self._probe, target)
             changed |= self.state.on_probe(uuid, ok, time.monotonic())
         if changed:
             self._changed()
