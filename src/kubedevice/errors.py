@@ -13,6 +13,7 @@
     │   ├── CheckpointError          a checkpoint file is corrupt or foreign
     │   ├── ManifestError            a pod manifest is malformed or fails API validation
     │   └── PluginRpcError           an RPC the emulator issued to a plugin failed
+    ├── NvmlError                    an NVML call failed (GPU plugin; NotSupported is not one)
     └── ConformanceFailure           a conformance run found a MUST failure
 
 Library code raises these and never exits the process; only the CLI maps them to exit
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidResourceNameError",
     "KubeDeviceError",
     "ManifestError",
+    "NvmlError",
     "PluginRpcError",
     "PluginServerError",
     "RegistrationError",
@@ -107,3 +109,16 @@ class PluginRpcError(EmulatorError):
 
 class ConformanceFailure(KubeDeviceError):
     """A conformance run found at least one MUST failure."""
+
+
+class NvmlError(KubeDeviceError):
+    """An NVML call failed (other than NotSupported, which is never an error).
+
+    ``code`` is NVML's error name without prefix (``"GpuIsLost"``, ``"DriverNotLoaded"``,
+    ``"LibraryNotFound"``, ``"Unknown"`` ...); ``uuid`` the GPU concerned, if one is.
+    """
+
+    def __init__(self, code: str, message: str, uuid: str | None = None) -> None:
+        self.code = code
+        self.uuid = uuid
+        super().__init__(f"NVML {code}: {message}" + (f" (GPU {uuid})" if uuid else ""))

@@ -21,7 +21,8 @@ __all__ = ["COMMANDS"]
     default=None,
     help="Keep the fake host and sockets here (default: a temp dir, removed at the end).",
 )
-def demo(workdir: Path | None) -> None:
+@click.option("--gpu", is_flag=True, help="The NVIDIA GPU plugin on a fake 8-GPU NVLink box.")
+def demo(workdir: Path | None, gpu: bool) -> None:
     """Run the generic plugin on a simulated /dev tree against the kubelet emulator.
 
     Registers, shows capacity, admits pods, unplugs and re-plugs a device, simulates a
@@ -29,6 +30,9 @@ def demo(workdir: Path | None) -> None:
     and no real devices are needed.
     """
     from kubedevice.demo import run_demo  # lazy: keeps other commands' start-up short
+
+    if gpu:
+        from kubedevice.demo_gpu import run_gpu_demo as run_demo
 
     start = time.monotonic()
     try:

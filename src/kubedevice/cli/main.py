@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "node": "kubelet_cmd",
     "conformance": "conformance_cmd",
     "demo": "demo_cmd",
+    "nvidia": "nvidia_cmd",
 }
 
 

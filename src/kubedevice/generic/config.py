@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -33,6 +32,7 @@ from kubedevice.generic.templates import (
     Template,
     TemplateError,
 )
+from kubedevice.generic.yamlfile import HugeInt, read_yaml
 from kubedevice.plugin import default_socket_name, validate_resource_name
 
 __all__ = [
@@ -332,8 +332,8 @@ def _loc_text(loc: Sequence[int | str]) -> str:
     return out or "(top level)"
 
 
-def _allowed_keys(loc: Sequence[int | str]) -> list[str]:
-    model: Any = Config
+def _allowed_keys(loc: Sequence[int | str], root: type[BaseModel]) -> list[str]:
+    model: Any = root
     for part in loc[:-1]:
         if isinstance(part, int) or model is None:
             continue
@@ -373,22 +373,22 @@ def _got(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    if isinstance(value, _HugeInt):
+    if isinstance(value, HugeInt):
         return str(value)
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
-def _message(err: ErrorDetails) -> str:
+def _message(err: ErrorDetails, root: type[BaseModel]) -> str:
     kind = err["type"]
     ctx: dict[str, Any] = dict(err.get("ctx") or {})
     value = err.get("input")
     if kind == "missing":
         return "required field is missing"
-    if isinstance(value, _HugeInt) and kind != "string_type":
+    if isinstance(value, HugeInt) and kind != "string_type":
         return f"out of range (got {value})"
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(err["loc"])
+        allowed = _allowed_keys(err["loc"], root)
         return "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {
@@ -426,15 +426,22 @@ def _error_loc(err: ErrorDetails) -> tuple[tuple[int | str, ...], str | None]:
     return loc, None
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    """One line per error: ``<source>: <field path>: <what was expected>``."""
+def format_validation_error(
+    source: str, exc: ValidationError, model: type[BaseModel] | None = None
+) -> str:
+    """One line per error: ``<source>: <field path>: <what was expected>``.
+
+    ``model`` is the root model validated (for the allowed keys of an unknown-key error);
+    the generic plugin's :class:`Config` when ``None``.
+    """
+    root: type[BaseModel] = Config if model is None else model
     lines = []
     for err in exc.errors(include_url=False):
         loc, override = _error_loc(err)
         if override is not None:
             lines.append(f"{source}: {_loc_text(loc)}: {override}")
             continue
-        msg = _message(err)
+        msg = _message(err, root)
         # model-level validators report "resources[0].name: ..." themselves.
         if err["type"] == "value_error" and re.match(r"^[A-Za-z]+(?:[\[.][^ ]*)?: ", msg):
             sub, _, msg = msg.partition(": ")
@@ -461,78 +468,10 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
-#: Integers with more digits than this are out of range for every field (int64 has 19).
-_MAX_INT_DIGITS = 20
-
-
-class _HugeInt:
-    """What a YAML integer with more than :data:`_MAX_INT_DIGITS` digits loads as.
-
-    It is never converted to an ``int``: Python refuses that beyond 4300 digits (a
-    ``ValueError`` deep in the YAML loader) and below that it is only slow. Every field
-    refuses it, so the error names the field like any other out-of-range value.
-    """
-
-    __slots__ = ("digits",)
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-    def __repr__(self) -> str:
-        return f"an integer of {self.digits} digits"
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate mapping keys (PyYAML keeps the last one)."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _value in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue  # keys merged in with "<<" may be overridden
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-        except TypeError:  # an unhashable key: let pydantic report it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
-    body = str(loader.construct_scalar(node)).replace("_", "").lstrip("+-")
-    if len(body) > _MAX_INT_DIGITS + 2:  # + 2: room for a 0x, 0o or 0b prefix
-        return _HugeInt(len(body))
-    return yaml.SafeLoader.construct_yaml_int(loader, node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
-
-
 def load_config(path: str | Path) -> Config:
     """Read and validate the YAML config at ``path``; errors name the file and the field."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text: invalid byte at offset {exc.start}") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe
-    except yaml.YAMLError as exc:
-        where = ""
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
+    data = read_yaml(path)
     if data is None:
         raise ConfigError(
             f"{source}: (top level): empty file; expected a mapping with 'version' and 'resources'"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from kubedevice.generic.config import Config, load_config
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
-from kubedevice.generic.watcher import CONFIG_MASK, DirWatcher
+from kubedevice.generic.watcher import DirWatcher, FileChanges, file_digest
 from kubedevice.plugin.metrics import PluginMetrics, parse_metrics_address
 from kubedevice.plugin.server import PluginServer
 
@@ -66,7 +65,7 @@ class GenericPlugins:
         config = config.with_roots(dev_root, sys_root)
         self._config = config
         self._config_path = Path(config_path).absolute() if config_path is not None else None
-        self._config_digest = _digest(self._config_path) if self._config_path else None
+        self._config_digest = file_digest(self._config_path) if self._config_path else None
         if metrics_address is not None:
             parse_metrics_address(metrics_address)  # a bad address fails here, before start
         self._metrics_address = metrics_address
@@ -309,18 +308,13 @@ class GenericPlugins:
 
     async def _config_loop(self) -> None:
         assert self._config_path is not None
-        watcher = DirWatcher(CONFIG_MASK)
+        changes = FileChanges(self._config_path, self._config_digest)
         try:
-            watcher.watch_exactly(_config_dirs(self._config_path))
             while True:
-                await watcher.changed()
-                watcher.watch_exactly(_config_dirs(self._config_path))
-                digest = _digest(self._config_path)
-                if digest is not None and digest != self._config_digest:
-                    self._config_digest = digest
-                    self.request_reload()
+                await changes.changed()
+                self.request_reload()
         finally:
-            watcher.close()
+            changes.close()
 
     async def reload(self, config: Config | None = None) -> None:
         """Apply a new config: start new resources, stop removed ones, update changed ones.
@@ -424,18 +418,6 @@ class GenericPlugins:
         return {p.resource_name: p for p in done}
 
 
-def _config_dirs(path: Path) -> set[str]:
-    """Directories to watch for changes of the config file ``path``.
-
-    Real paths (inotify does not follow a symlinked directory): the directory holding the
-    file, and the one holding its target when the file is a symlink elsewhere.
-    """
-    return {
-        os.path.realpath(path.parent),
-        os.path.dirname(os.path.realpath(path)),
-    }
-
-
 async def _reap(task: asyncio.Task[None]) -> None:
     """Wait for a task we cancelled; a cancel of our own caller still propagates."""
     try:
@@ -444,13 +426,6 @@ async def _reap(task: asyncio.Task[None]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
-
-
-def _digest(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 async def run_generic(

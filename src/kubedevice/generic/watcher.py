@@ -7,11 +7,14 @@ removed, renamed or rewritten, coalescing whatever events are already queued.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import os
+from pathlib import Path
 
 from asyncinotify import Event, Inotify, Mask, Watch
 
-__all__ = ["CONFIG_MASK", "DEVICE_MASK", "DirWatcher"]
+__all__ = ["CONFIG_MASK", "DEVICE_MASK", "DirWatcher", "FileChanges", "file_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +74,56 @@ class DirWatcher:
     def close(self) -> None:
         """Release the inotify descriptor."""
         self._inotify.close()
+
+
+def file_digest(path: Path) -> str | None:
+    """SHA-256 of a file's content, ``None`` when it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _file_dirs(path: Path) -> set[str]:
+    """Directories to watch for changes of the file ``path``.
+
+    Real paths (inotify does not follow a symlinked directory): the directory holding the
+    file, and the one holding its target when the file is a symlink elsewhere.
+    """
+    return {
+        os.path.realpath(path.parent),
+        os.path.dirname(os.path.realpath(path)),
+    }
+
+
+class FileChanges:
+    """Wakes its owner when one file's content changes (a config file, a ConfigMap).
+
+    Rewritten in place, replaced by rename or swapped through symlinks (a ConfigMap
+    volume): all are seen through inotify on the directories involved; events that leave
+    the content as it was are ignored.
+
+    Args:
+        path: The file.
+        digest: The content already seen (:func:`file_digest`); read now when ``None``.
+    """
+
+    def __init__(self, path: Path, digest: str | None = None) -> None:
+        self.path = path
+        self.digest = digest if digest is not None else file_digest(path)
+        self._watcher = DirWatcher(CONFIG_MASK)
+        self._watcher.watch_exactly(_file_dirs(path))
+
+    async def changed(self) -> None:
+        """Return once the file's content differs from the last one seen."""
+        while True:
+            await self._watcher.changed()
+            self._watcher.watch_exactly(_file_dirs(self.path))
+            digest = file_digest(self.path)
+            if digest is not None and digest != self.digest:
+                self.digest = digest
+                return
+
+    def close(self) -> None:
+        """Release the inotify descriptor."""
+        self._watcher.close()

@@ -68,7 +68,9 @@ async def serve_grpc(path: Path, add_servicers: Callable[[aio.Server], None]) ->
             exists = os.path.exists(path)  # noqa: ASYNC240
             why = "exists and is not a socket" if exists else "cannot be bound"
             raise OSError(f"cannot serve {path}: the path {why}") from exc
-        await server.start()
+    # Bound above; started outside the umask: an await inside it would let another task's
+    # private_umask() interleave and leave the process umask at 0o177.
+    await server.start()
     os.chmod(path, 0o600)
     return server
 

@@ -79,7 +79,8 @@ class DevicePlugin:
         Returns:
             A :class:`ContainerAllocation`, or ``kubedevice.DEFAULT`` for the union of
             the devices' declared device nodes, mounts, envs, annotations and CDI names.
-            Raising makes the RPC fail with ``INTERNAL``.
+            Raising :class:`~kubedevice.AllocationError` refuses the request with
+            ``INVALID_ARGUMENT``; any other exception makes the RPC fail with ``INTERNAL``.
         """
         return DEFAULT
 

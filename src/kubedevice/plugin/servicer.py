@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import grpc
 
 from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES, dp
+from kubedevice.errors import AllocationError
 from kubedevice.plugin.hooks import async_hook
 from kubedevice.plugin.policy import default_preferred_allocation, enforce_preferred_invariants
 from kubedevice.plugin.types import DEFAULT, ContainerAllocation, Device, Health
@@ -330,6 +331,9 @@ class _Servicer:
                         f"allocate() returned {type(result).__name__}, expected "
                         "ContainerAllocation or kubedevice.DEFAULT"
                     )
+            except AllocationError as exc:  # the hook refuses the request: the caller's fault
+                log.warning("Allocate refused: %s", exc, extra=self._extra)
+                return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
             except HOOK_ERRORS as exc:
                 log.exception("allocate hook failed", extra=self._extra)
                 return grpc.StatusCode.INTERNAL, f"allocate hook failed: {exc!r}"

@@ -1,0 +1,198 @@
+"""``kubedevice nvidia run`` (the GPU plugin daemon) and ``kubedevice nvidia info``.
+
+No logic here: options are parsed, :mod:`kubedevice.nvidia` does the work. A bad config
+or option exits 2 naming the field; NVML that cannot start exits 2 with one line (unless
+``failOnInitError: false``, which serves zero GPUs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import click
+
+from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
+from kubedevice.signals import stop_on_signals
+
+__all__ = ["COMMANDS"]
+
+_NVML = click.option(
+    "--nvml",
+    default="real",
+    show_default=True,
+    envvar="KUBEDEVICE_NVML",
+    help="NVML backend: 'real' (nvidia-ml-py) or 'fake:FILE' (a machine file or a packaged "
+    "machine name such as fake:dgx-8gpu).",
+)
+_CONFIG = click.option(
+    "--config",
+    "-c",
+    "config_path",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML config file (version: v1); defaults apply without one.",
+)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    raise SystemExit(2)
+
+
+def _nvml_line(exc: NvmlError) -> str:
+    hint = {
+        "LibraryNotFound": "the NVIDIA driver library (libnvidia-ml.so.1) is not installed here",
+        "DriverNotLoaded": "the NVIDIA kernel driver is not loaded on this node",
+        "NoPermission": "no permission to open the NVIDIA device nodes",
+    }.get(exc.code, "")
+    extra = f" ({hint})" if hint and "pip install" not in str(exc) else ""
+    return f"{exc}{extra}; set flags.failOnInitError: false to serve zero GPUs instead"
+
+
+@click.group("nvidia")
+def nvidia() -> None:
+    """The NVIDIA GPU plugin: nvidia.com/gpu from NVML, with health, sharing, MIG and CDI."""
+
+
+@nvidia.command("run")
+@_CONFIG
+@_NVML
+@click.option(
+    "--device-plugin-dir",
+    envvar=ENV_DEVICE_PLUGIN_DIR,
+    default=None,
+    help="Kubelet device plugin directory [default: /var/lib/kubelet/device-plugins].",
+)
+@click.option("--metrics-address", default=None, help="Serve Prometheus metrics on HOST:PORT.")
+@click.option("--dev-root", default=None, help="Where the host's /dev is (flags.devRoot).")
+@click.option("--sys-root", default=None, help="Where the host's /sys is (flags.sysRoot).")
+@click.option(
+    "--driver-root", default=None, help="Where the driver's files are (flags.nvidiaDriverRoot)."
+)
+@click.option(
+    "--host-driver-root",
+    default=None,
+    help="The driver root as a path on the host, for CDI specs (flags.hostDriverRoot).",
+)
+@click.option("--cdi-dir", default=None, help="Where to write the CDI spec (flags.cdiDir).")
+@click.option(
+    "--features-dir",
+    default=None,
+    help="NFD local feature directory (flags.featuresDir); '' writes no labels.",
+)
+@click.option(
+    "--pod-resources-socket",
+    default=None,
+    help="The kubelet's PodResources socket (flags.podResourcesSocket).",
+)
+def run_command(
+    config_path: Path | None,
+    nvml: str,
+    device_plugin_dir: str | None,
+    metrics_address: str | None,
+    dev_root: str | None,
+    sys_root: str | None,
+    driver_root: str | None,
+    host_driver_root: str | None,
+    cdi_dir: str | None,
+    features_dir: str | None,
+    pod_resources_socket: str | None,
+) -> None:
+    """Run the GPU device plugin.
+
+    SIGHUP or a change to the config file reloads it (an invalid one is rejected and the
+    old one keeps running); SIGTERM or SIGINT stops cleanly with status 0.
+    """
+    from kubedevice.nvidia.backends import open_backend
+    from kubedevice.nvidia.config import load_config
+    from kubedevice.nvidia.runner import run_gpu_plugin
+
+    overrides: dict[str, str | None] = {
+        "dev_root": dev_root,
+        "sys_root": sys_root,
+        "nvidia_driver_root": driver_root,
+        "host_driver_root": host_driver_root,
+        "cdi_dir": cdi_dir,
+        "features_dir": features_dir,
+        "pod_resources_socket": pod_resources_socket,
+    }
+    try:
+        config = load_config(config_path).with_overrides(**overrides)
+        backend = open_backend(nvml)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            await run_gpu_plugin(
+                config,
+                backend,
+                stop=stop,
+                config_path=config_path,
+                device_plugin_dir=device_plugin_dir,
+                overrides=overrides,
+                metrics_address=metrics_address,
+                handle_sighup=True,
+                # real NVML cannot be woken: stopping may take one wait; the fake wakes at once
+                wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
+            )
+
+    try:
+        asyncio.run(_main())
+    except NvmlError as exc:
+        _fail(_nvml_line(exc))
+    except KubeDeviceError as exc:
+        _fail(str(exc))
+
+
+@nvidia.command("info")
+@_NVML
+@_CONFIG
+@click.option("--sys-root", default=None, help="Where the host's /sys is (NUMA nodes).")
+@click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+def info_command(nvml: str, config_path: Path | None, sys_root: str | None, output: str) -> None:
+    """Show the GPUs, MIG devices, topology matrix and the node labels the plugin would write."""
+    from kubedevice.nvidia.backends import open_backend
+    from kubedevice.nvidia.config import load_config
+    from kubedevice.nvidia.info import collect_info, format_info
+
+    try:
+        config = load_config(config_path).with_overrides(sys_root=sys_root)
+        backend = open_backend(nvml)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    slicing = config.sharing.time_slicing
+    try:
+        driver = backend.init()
+        try:
+            data = collect_info(
+                backend,
+                Path(config.flags.sys_root),
+                driver=driver,
+                mig_strategy=config.flags.mig_strategy,
+                sharing_strategy="time-slicing" if slicing.resources else "none",
+                replicas=max((r.replicas for r in slicing.resources), default=1),
+            )
+        finally:
+            backend.shutdown()
+    except NvmlError as exc:
+        _fail(_nvml_line(exc).split("; set flags")[0])
+        return
+    except KubeDeviceError as exc:
+        _fail(str(exc))
+        return
+    if output == "json":
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        click.echo(format_info(data))
+
+
+COMMANDS: list[click.Command] = [nvidia]

@@ -1,0 +1,203 @@
+"""The narrow NVML interface the GPU plugin is written against, and the values it returns.
+
+Two implementations exist: :mod:`kubedevice.nvidia.nvml_real` (nvidia-ml-py, a real
+driver) and :mod:`kubedevice.nvidia.nvml_fake` (a JSON file: recordings of real GPUs
+and synthetic machines). Everything above this module sees only these types, never
+``pynvml``.
+
+Rules every implementation keeps:
+
+* "Not supported" is normal (many calls answer NVML_ERROR_NOT_SUPPORTED on a given
+  GPU or driver): such a value is ``None`` or empty, never an exception.
+* Any other NVML failure raises :class:`~kubedevice.errors.NvmlError` carrying the
+  NVML error name (``"GpuIsLost"``, ``"Unknown"`` ...) and, where one GPU is concerned,
+  its UUID, so the caller marks that GPU only.
+* Methods are blocking and thread-safe; callers run them off the event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "DriverInfo",
+    "EventKind",
+    "GpuInfo",
+    "GpuSample",
+    "HealthEvent",
+    "Link",
+    "MigDeviceInfo",
+    "NvmlBackend",
+    "P2PLevel",
+    "ProcessSample",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    """What the driver says of itself."""
+
+    driver_version: str  # "580.159.04"
+    cuda_version: str  # "13.0" (from nvmlSystemGetCudaDriverVersion 13000)
+    nvml_version: str  # "13.580.159.04"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One physical GPU, as enumerated at start-up (static facts only)."""
+
+    index: int  # NVML index
+    uuid: str  # "GPU-f4dbb85b-..."
+    minor: int  # /dev/nvidia<minor>
+    name: str  # "NVIDIA H200"
+    memory_total: int  # bytes
+    pci_bus_id: str  # sysfs form, lower case: "0000:00:06.0"
+    compute_capability: tuple[int, int]  # (9, 0)
+    architecture: str  # "hopper", "ampere", ... ("unknown" when NVML has no name for it)
+    brand: str  # "nvidia", "tesla", ... ("unknown")
+    mig_capable: bool  # the GPU supports MIG at all
+    mig_enabled: bool  # current MIG mode is enabled
+    serial: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigDeviceInfo:
+    """One MIG device (a compute instance inside a GPU instance) of a MIG-enabled GPU."""
+
+    parent_uuid: str
+    parent_index: int
+    uuid: str  # "MIG-..."
+    index: int  # position among its parent's MIG devices
+    profile: str  # canonical name without the "mig-" prefix: "1g.18gb", "3g.71gb", "1c.3g.71gb"
+    gi_id: int  # GPU instance id
+    ci_id: int  # compute instance id
+    memory_total: int  # bytes
+    # Minors of /dev/nvidia-caps/nvidia-cap<N> giving access to this GI and CI.
+    cap_minors: tuple[int, ...] = ()
+
+
+class P2PLevel(enum.IntEnum):
+    """How two GPUs are connected over PCIe (NVML's nvmlGpuTopologyLevel_t values).
+
+    Lower is closer. NVLink is reported separately in :class:`Link`.
+    """
+
+    INTERNAL = 0  # same board (multi-GPU board)
+    SINGLE = 10  # PIX: at most one PCIe bridge
+    MULTIPLE = 20  # PXB: several PCIe bridges, no host bridge
+    HOSTBRIDGE = 30  # PHB: through a PCIe host bridge
+    NODE = 40  # NODE: host bridges within one NUMA node
+    SYSTEM = 50  # SYS: across the SMP interconnect (different NUMA nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The connection between two GPUs."""
+
+    level: P2PLevel
+    nvlinks: int = 0  # number of NVLink links directly between the two (0 = none)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """A process using a GPU."""
+
+    pid: int
+    used_memory: int | None  # bytes; None when NVML does not say
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of a GPU's live values. ``None`` = NotSupported by this GPU/driver."""
+
+    utilization_gpu: int | None = None  # percent
+    utilization_memory: int | None = None  # percent
+    memory_used: int | None = None  # bytes
+    memory_total: int | None = None  # bytes
+    power_mw: int | None = None  # milliwatts
+    temperature_c: int | None = None
+    processes: tuple[ProcessSample, ...] = ()
+    ecc_double_bit_volatile: int | None = None  # uncorrected ECC errors since boot
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+
+
+class EventKind(enum.StrEnum):
+    """What an NVML event (or a failed probe) says happened to a GPU."""
+
+    XID = "xid"  # nvmlEventTypeXidCriticalError; HealthEvent.xid holds the code
+    ECC_DOUBLE_BIT = "ecc-double-bit"  # nvmlEventTypeDoubleBitEccError
+    GPU_LOST = "gpu-lost"  # the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """One event from the NVML event set."""
+
+    kind: EventKind
+    uuid: str  # the GPU (or MIG device) concerned
+    xid: int | None = None  # for EventKind.XID
+    monotonic: float = field(default=0.0, compare=False)  # time.monotonic() it was read
+
+
+@runtime_checkable
+class NvmlBackend(Protocol):
+    """The NVML calls the GPU plugin makes. See the module docstring for the rules."""
+
+    def init(self) -> DriverInfo:
+        """Load and initialise NVML.
+
+        Raises:
+            NvmlError: no library, no driver, or no permission (code says which).
+        """
+        ...
+
+    def shutdown(self) -> None:
+        """Release NVML; the backend may be initialised again afterwards."""
+        ...
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every GPU, in NVML index order."""
+        ...
+
+    def mig_devices(self, gpu_uuid: str) -> list[MigDeviceInfo]:
+        """The MIG devices of a MIG-enabled GPU (empty when MIG is off or unsupported)."""
+        ...
+
+    def link(self, uuid_a: str, uuid_b: str) -> Link | None:
+        """How two distinct GPUs are connected; ``None`` when NVML cannot tell."""
+        ...
+
+    def sample(self, uuid: str) -> GpuSample:
+        """Read the live values of one GPU (a field NVML does not support is ``None``)."""
+        ...
+
+    def probe(self, uuid: str) -> None:
+        """Check that a GPU answers (the health re-check after a quiet period).
+
+        Raises:
+            NvmlError: the GPU does not answer (e.g. ``GpuIsLost``).
+        """
+        ...
+
+    def watch(self, uuids: list[str]) -> None:
+        """Register the health events (critical XID, double-bit ECC) of these GPUs.
+
+        A GPU whose events cannot be registered (NotSupported) is skipped with no error.
+        Calling it again replaces the watched set.
+        """
+        ...
+
+    def wait_event(self, timeout_ms: int) -> HealthEvent | None:
+        """Block until the next health event of a watched GPU, or the timeout.
+
+        Returns ``None`` on timeout. Must return promptly (well under the timeout)
+        after :meth:`interrupt`.
+        """
+        ...
+
+    def interrupt(self) -> None:
+        """Wake a thread blocked in :meth:`wait_event` (best effort for real NVML)."""
+        ...

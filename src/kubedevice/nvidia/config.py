@@ -1,0 +1,332 @@
+"""The GPU plugin's versioned YAML config: pydantic models, loading, readable errors.
+
+Option names follow NVIDIA's k8s-device-plugin where one exists (``migStrategy``,
+``failOnInitError``, ``deviceListStrategy``, ``deviceIDStrategy``, ``nvidiaDriverRoot``,
+``sharing.timeSlicing``). Errors name the file and the field path
+(``sharing.timeSlicing.resources[0].replicas``), one line each, like the generic plugin's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from kubedevice.errors import ConfigError, InvalidResourceNameError
+from kubedevice.generic.yamlfile import read_yaml
+from kubedevice.plugin import validate_resource_name
+
+__all__ = [
+    "DEFAULT_IGNORED_XIDS",
+    "DEFAULT_XID_POLICIES",
+    "GPU_RESOURCE",
+    "Config",
+    "Flags",
+    "HealthConfig",
+    "SharedResource",
+    "Sharing",
+    "TimeSlicing",
+    "XidPolicy",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+]
+
+XidPolicy = Literal["ignore", "reset", "quiet"]
+
+#: The resource of whole GPUs.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+#: XIDs caused by the application (bad memory access, illegal instruction, a watchdog or
+#: preemption of the user's own context ...): the GPU is fine, nothing is marked.
+DEFAULT_IGNORED_XIDS: Final = (13, 31, 43, 45, 68, 109)
+#: XIDs that leave the GPU unusable until it is reset: 79 fell off the bus, 95 uncontained
+#: ECC error, 119/120 GSP firmware errors.
+DEFAULT_XID_POLICIES: Final[Mapping[int, XidPolicy]] = {
+    79: "reset",
+    95: "reset",
+    119: "reset",
+    120: "reset",
+}
+
+ListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*")
+_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-[0-9a-z.+-]+")
+
+
+def parse_duration(value: Any) -> Any:
+    """``30s``, ``500ms``, ``2m``, ``1h`` or a number of seconds -> seconds (float).
+
+    Anything else is returned unchanged for the model's own type check to report.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION.fullmatch(value)
+        if match is None:
+            raise ValueError(f"expected a duration such as '30s', '500ms' or '2m' (got {value!r})")
+        return float(match.group(1)) * _UNITS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _absolute(value: str) -> str:
+    p = PurePosixPath(value)
+    if not p.is_absolute():
+        raise ValueError(f"must be an absolute path (got {value!r})")
+    if ".." in p.parts:
+        raise ValueError(f"must not contain '..' (got {value!r})")
+    return value
+
+
+AbsPath = Annotated[str, AfterValidator(_absolute)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        validate_by_alias=True,
+        validate_by_name=False,
+        strict=True,
+        allow_inf_nan=False,
+    )
+
+
+def _list_strategy(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+class Flags(_Model):
+    """How devices are named, listed and found (NVIDIA plugin names where they exist)."""
+
+    mig_strategy: Literal["none", "single", "mixed"] = "none"
+    fail_on_init_error: bool = True
+    device_list_strategy: Annotated[
+        list[ListStrategy], BeforeValidator(_list_strategy), Field(min_length=1)
+    ] = ["envvar"]
+    device_id_strategy: Annotated[Literal["uuid", "index"], Field(alias="deviceIDStrategy")] = (
+        "uuid"
+    )
+    #: Where the driver's files are, as this process sees them (``/`` on the host,
+    #: ``/driver-root`` when the host's root is mounted there).
+    nvidia_driver_root: AbsPath = "/"
+    #: The same directory on the host, for the paths written into CDI specs
+    #: (``None``: the same as ``nvidiaDriverRoot``).
+    host_driver_root: AbsPath | None = None
+    dev_root: AbsPath = "/dev"
+    sys_root: AbsPath = "/sys"
+    cdi_dir: AbsPath = "/var/run/cdi"
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    features_dir: AbsPath | None = "/etc/kubernetes/node-feature-discovery/features.d"
+    pod_resources_socket: AbsPath = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+    @field_validator("device_list_strategy")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a strategy twice (got {value!r})")
+        return value
+
+    @field_validator("cdi_annotation_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/", value):
+            raise ValueError(f"must be a DNS subdomain followed by '/' (got {value!r})")
+        return value
+
+    @property
+    def cdi_enabled(self) -> bool:
+        """Whether a CDI spec is needed (a CDI list strategy is used)."""
+        return any(s.startswith("cdi-") for s in self.device_list_strategy)
+
+    @property
+    def effective_host_driver_root(self) -> str:
+        """``hostDriverRoot``, or ``nvidiaDriverRoot`` when not set."""
+        return self.host_driver_root or self.nvidia_driver_root
+
+
+class HealthConfig(_Model):
+    """What NVML health events do to a GPU (see docs/nvidia.md, "Health")."""
+
+    disabled: bool = False
+    ignored_xids: list[Annotated[int, Field(ge=0)]] = list(DEFAULT_IGNORED_XIDS)
+    #: Per-XID policy; XIDs not listed here nor ignored get ``defaultPolicy``.
+    xid_policies: dict[int, XidPolicy] = dict(DEFAULT_XID_POLICIES)
+    default_policy: XidPolicy = "quiet"
+    #: Double-bit (uncorrectable) ECC errors.
+    double_bit_ecc_policy: XidPolicy = "quiet"
+    #: How long a GPU must stay free of events before it is probed and made Healthy again.
+    quiet_period: Annotated[Duration, Field(ge=0.0, le=86400.0)] = 30.0
+    #: How often a GPU waiting for a reset is probed for having come back.
+    reset_check_interval: Annotated[Duration, Field(gt=0.0, le=86400.0)] = 30.0
+
+    @field_validator("xid_policies")
+    @classmethod
+    def _xids(cls, value: dict[int, str]) -> dict[int, str]:
+        for xid in value:
+            if xid < 0:
+                raise ValueError(f"XID {xid} must be >= 0")
+        return value
+
+    def policy_for_xid(self, xid: int) -> XidPolicy:
+        """The policy of one XID code (an explicit policy wins over the ignored list)."""
+        if xid in self.xid_policies:
+            return self.xid_policies[xid]
+        if xid in self.ignored_xids:
+            return "ignore"
+        return self.default_policy
+
+
+def _resource_name(value: str) -> str:
+    try:
+        validate_resource_name(value)
+    except InvalidResourceNameError as exc:
+        raise ValueError(exc.reason) from None
+    return value
+
+
+class SharedResource(_Model):
+    """One resource shared by time-slicing: each device is offered ``replicas`` times."""
+
+    name: Annotated[str, AfterValidator(_resource_name)]
+    replicas: Annotated[int, Field(ge=2, le=1024)]
+    #: Advertise the replicas under this name instead (``renameByDefault`` adds ``.shared``).
+    rename: Annotated[str, AfterValidator(_resource_name)] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _gpu_or_mig(cls, value: str) -> str:
+        if value != GPU_RESOURCE and not _MIG_RESOURCE.fullmatch(value):
+            raise ValueError(f"must be {GPU_RESOURCE} or nvidia.com/mig-<profile> (got {value!r})")
+        return value
+
+
+class TimeSlicing(_Model):
+    """Time-slicing: several containers share a GPU, with no isolation between them."""
+
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    resources: list[SharedResource] = []
+
+    @model_validator(mode="after")
+    def _unique(self) -> TimeSlicing:
+        seen: set[str] = set()
+        for i, res in enumerate(self.resources):
+            if res.name in seen:
+                raise ValueError(f"resources[{i}].name: listed twice ({res.name!r})")
+            seen.add(res.name)
+        return self
+
+    def replicas_of(self, resource: str) -> int:
+        """How many replicas each device of ``resource`` is offered as (1 = not shared)."""
+        return next((r.replicas for r in self.resources if r.name == resource), 1)
+
+    def advertised_name(self, resource: str) -> str:
+        """The name ``resource`` is advertised under (renamed when shared and asked to)."""
+        for res in self.resources:
+            if res.name == resource:
+                if res.rename is not None:
+                    return res.rename
+                return f"{resource}.shared" if self.rename_by_default else resource
+        return resource
+
+
+class Sharing(_Model):
+    """How GPUs are shared between containers."""
+
+    time_slicing: TimeSlicing = TimeSlicing()
+
+
+class Config(_Model):
+    """The whole config file (``version: v1``)."""
+
+    version: Literal["v1"]
+    flags: Flags = Flags()
+    health: HealthConfig = HealthConfig()
+    sharing: Sharing = Sharing()
+
+    def with_overrides(self, **flags: str | None) -> Config:
+        """A copy with the given flags replaced (CLI options; ``None`` values are ignored).
+
+        Keys are the Python field names of :class:`Flags` (``dev_root``, ``cdi_dir`` ...);
+        relative paths are made absolute; ``""`` switches ``features_dir`` off.
+        """
+        update: dict[str, str | None] = {k: v for k, v in flags.items() if v is not None}
+        if not update:
+            return self
+        for key, value in update.items():
+            if key in _OPTIONAL_PATHS and value == "":
+                update[key] = None  # '' switches an optional file off (no labels ...)
+            elif key in _PATHS and value:
+                update[key] = str(Path(value).absolute())
+        data = self.flags.model_dump()
+        data.update(update)
+        return self.model_copy(update={"flags": Flags.model_validate(data, by_name=True)})
+
+
+_OPTIONAL_PATHS: Final = frozenset({"features_dir", "host_driver_root"})
+_PATHS: Final = frozenset(
+    {
+        "dev_root",
+        "sys_root",
+        "nvidia_driver_root",
+        "host_driver_root",
+        "cdi_dir",
+        "features_dir",
+        "pod_resources_socket",
+    }
+)
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    """Validate already-parsed YAML ``data``.
+
+    Raises:
+        ConfigError: One line per problem, naming ``source`` and the field.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: (top level): expected a mapping")
+    version = data.get("version")
+    if "version" in data and version != "v1":
+        raise ConfigError(f"{source}: version: unsupported version {version!r} (supported: 'v1')")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        # only on error: it builds the generic plugin's models too
+        from kubedevice.generic.config import format_validation_error
+
+        raise ConfigError(format_validation_error(source, exc, Config)) from None
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read and validate the YAML file at ``path``; ``None`` gives the defaults.
+
+    Raises:
+        ConfigError: The file cannot be read or is invalid; the message names the field.
+    """
+    if path is None:
+        return Config(version="v1")
+    data = read_yaml(path)
+    if data is None:
+        raise ConfigError(f"{path}: (top level): empty file; expected at least 'version: v1'")
+    return parse_config(data, str(path))

@@ -1,0 +1,272 @@
+"""GPUs and MIG devices -> the schedulable devices of each resource, with their nodes and NUMA.
+
+Pure functions of what NVML enumerated, the config and the fake-able ``/dev`` and ``/sys``
+trees: which resources exist (``nvidia.com/gpu``, ``nvidia.com/mig-1g.18gb`` ... by
+``migStrategy``), the device IDs (UUID or index, ``<id>::<n>`` replicas), the device nodes
+a container needs and the NUMA node of each GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from kubedevice.errors import ConfigError
+from kubedevice.nvidia.backend import GpuInfo, MigDeviceInfo
+from kubedevice.nvidia.config import GPU_RESOURCE, Config
+
+__all__ = [
+    "CONTROL_NODES",
+    "DeviceEntry",
+    "GpuUnit",
+    "Inventory",
+    "build_inventory",
+    "read_numa_node",
+    "replica_id",
+    "split_replica",
+]
+
+log = logging.getLogger(__name__)
+
+#: Control nodes a CUDA process needs besides its GPU's node, given when present.
+CONTROL_NODES: Final = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+_BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_REPLICA_SEP: Final = "::"
+
+
+def replica_id(base: str, n: int) -> str:
+    """The ID of replica ``n`` of device ``base``: ``<base>::<n>``."""
+    return f"{base}{_REPLICA_SEP}{n}"
+
+
+def split_replica(device_id: str) -> tuple[str, int | None]:
+    """``"<base>::<n>"`` -> ``(base, n)``; an ID without a replica suffix -> ``(id, None)``."""
+    base, sep, n = device_id.rpartition(_REPLICA_SEP)
+    if sep and n.isdigit():
+        return base, int(n)
+    return device_id, None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUnit:
+    """One schedulable piece of hardware: a whole GPU or one MIG device.
+
+    Attributes:
+        uuid: ``GPU-...`` or ``MIG-...``.
+        parent_uuid: The physical GPU (``uuid`` itself for a whole GPU).
+        index: ``"0"``, or ``"<gpu index>:<MIG index>"`` for a MIG device.
+        resource: The resource it belongs to before any sharing rename.
+        numa_node: The GPU's NUMA node, ``None`` when the platform has none.
+        device_nodes: Host paths of the nodes a container needs (``/dev/nvidia0`` ...).
+        product: The GPU's name (``NVIDIA H200``), with the MIG profile for a MIG device.
+        memory: Bytes of memory.
+    """
+
+    uuid: str
+    parent_uuid: str
+    index: str
+    resource: str
+    numa_node: int | None
+    device_nodes: tuple[str, ...]
+    product: str
+    memory: int
+
+    @property
+    def is_mig(self) -> bool:
+        """Whether this is a MIG device."""
+        return self.uuid != self.parent_uuid
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """One advertised device: a unit, or one replica of it.
+
+    Attributes:
+        id: The device ID the kubelet sees.
+        unit: The hardware behind it.
+        replica: The replica number, ``None`` when the resource is not shared.
+    """
+
+    id: str
+    unit: GpuUnit
+    replica: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """Every unit, and the devices of each advertised resource (in NVML order).
+
+    Attributes:
+        units: Whole GPUs and MIG devices that are offered, by UUID.
+        resources: Advertised resource name -> its devices.
+        shared: Advertised resource names that are time-sliced.
+    """
+
+    units: Mapping[str, GpuUnit]
+    resources: Mapping[str, tuple[DeviceEntry, ...]]
+    shared: frozenset[str] = frozenset()
+
+    def entry(self, resource: str, device_id: str) -> DeviceEntry | None:
+        """The device ``device_id`` of ``resource``, or ``None``."""
+        return next((e for e in self.resources.get(resource, ()) if e.id == device_id), None)
+
+    def units_of_gpu(self, gpu_uuid: str) -> list[GpuUnit]:
+        """The units on a physical GPU (the GPU itself or its MIG devices)."""
+        return [u for u in self.units.values() if u.parent_uuid == gpu_uuid]
+
+
+def read_numa_node(sys_root: str | os.PathLike[str], pci_bus_id: str) -> int | None:
+    """The NUMA node of a PCI device from ``<sysRoot>/bus/pci/devices/<bus id>/numa_node``.
+
+    Returns:
+        The node, or ``None`` when the file is missing, unreadable, says ``-1`` (no NUMA)
+        or the bus ID is malformed (never a path outside ``sysRoot``).
+    """
+    bus_id = pci_bus_id.lower()
+    if not _BUS_ID.fullmatch(bus_id):
+        log.warning("malformed PCI bus id %r; no NUMA node", pci_bus_id)
+        return None
+    path = Path(sys_root, "bus", "pci", "devices", bus_id, "numa_node")
+    try:
+        value = int(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return value if value >= 0 else None
+
+
+def _present(dev_root: str, name: str) -> bool:
+    return os.path.lexists(os.path.join(dev_root, name))
+
+
+def _gpu_nodes(dev_root: str, gpu: GpuInfo, control: Sequence[str]) -> tuple[str, ...]:
+    own = f"nvidia{gpu.minor}"
+    if not _present(dev_root, own):
+        log.warning("device node /dev/%s of GPU %s is missing under %s", own, gpu.uuid, dev_root)
+    return (f"/dev/{own}", *control)
+
+
+def _mig_nodes(dev_root: str, gpu_nodes: tuple[str, ...], mig: MigDeviceInfo) -> tuple[str, ...]:
+    caps = []
+    for minor in mig.cap_minors:
+        rel = f"nvidia-caps/nvidia-cap{minor}"
+        if not _present(dev_root, rel):
+            log.warning("MIG capability node /dev/%s of %s is missing", rel, mig.uuid)
+        caps.append(f"/dev/{rel}")
+    return (*gpu_nodes, *caps)
+
+
+def _mig_resource(profile: str) -> str:
+    return f"nvidia.com/mig-{profile}"
+
+
+def build_inventory(
+    config: Config,
+    gpus: Sequence[GpuInfo],
+    mig: Mapping[str, Sequence[MigDeviceInfo]],
+    *,
+    dev_root: str | None = None,
+    sys_root: str | None = None,
+) -> Inventory:
+    """Turn what NVML enumerated into the devices of each resource.
+
+    ``migStrategy``: ``none`` offers every GPU whole as ``nvidia.com/gpu``; ``single``
+    offers the MIG devices as ``nvidia.com/gpu`` when every GPU is MIG-enabled with one
+    profile (no MIG-enabled GPU: whole GPUs); ``mixed`` offers MIG devices as
+    ``nvidia.com/mig-<profile>`` and the other GPUs whole.
+
+    Args:
+        config: The config (strategies, sharing, roots).
+        gpus: The GPUs, in NVML index order.
+        mig: GPU UUID -> its MIG devices (GPUs with MIG off may be absent).
+        dev_root: Overrides ``flags.devRoot``.
+        sys_root: Overrides ``flags.sysRoot``.
+
+    Raises:
+        ConfigError: ``single`` on a node whose GPUs do not all share one MIG profile,
+            or a sharing rename that collides with another resource.
+    """
+    flags = config.flags
+    dev_root = dev_root or flags.dev_root
+    sys_root = sys_root or flags.sys_root
+    control = tuple(f"/dev/{n}" for n in CONTROL_NODES if _present(dev_root, n))
+    strategy = flags.mig_strategy
+    enabled = [g for g in gpus if g.mig_enabled]
+    if strategy == "single" and enabled:
+        profiles = {m.profile for g in enabled for m in mig.get(g.uuid, ())}
+        whole = [g for g in gpus if not g.mig_enabled]
+        if whole or len(profiles) != 1:
+            what = []
+            if whole:
+                what.append(f"GPU(s) {', '.join(str(g.index) for g in whole)} have MIG disabled")
+            if len(profiles) > 1:
+                what.append(f"MIG profiles differ ({', '.join(sorted(profiles))})")
+            if not profiles:
+                what.append("no MIG device is configured")
+            raise ConfigError(
+                "flags.migStrategy: 'single' needs every GPU MIG-enabled with one MIG profile, "
+                f"but {'; '.join(what)}; use 'mixed'"
+            )
+    units: dict[str, GpuUnit] = {}
+    for gpu in gpus:
+        numa = read_numa_node(sys_root, gpu.pci_bus_id)
+        nodes = _gpu_nodes(dev_root, gpu, control)
+        if strategy != "none" and gpu.mig_enabled:
+            for m in mig.get(gpu.uuid, ()):
+                units[m.uuid] = GpuUnit(
+                    uuid=m.uuid,
+                    parent_uuid=gpu.uuid,
+                    index=f"{gpu.index}:{m.index}",
+                    resource=GPU_RESOURCE if strategy == "single" else _mig_resource(m.profile),
+                    numa_node=numa,
+                    device_nodes=_mig_nodes(dev_root, nodes, m),
+                    product=f"{gpu.name} MIG {m.profile}",
+                    memory=m.memory_total,
+                )
+            if not mig.get(gpu.uuid):
+                log.warning("GPU %s has MIG enabled but no MIG device; not offered", gpu.uuid)
+            continue
+        units[gpu.uuid] = GpuUnit(
+            uuid=gpu.uuid,
+            parent_uuid=gpu.uuid,
+            index=str(gpu.index),
+            resource=GPU_RESOURCE,
+            numa_node=numa,
+            device_nodes=nodes,
+            product=gpu.name,
+            memory=gpu.memory_total,
+        )
+    slicing = config.sharing.time_slicing
+    base_names = list(dict.fromkeys(u.resource for u in units.values()))
+    if GPU_RESOURCE not in base_names:
+        base_names.insert(0, GPU_RESOURCE)  # always served, so a pod can wait for a GPU
+    resources: dict[str, list[DeviceEntry]] = {}
+    shared: set[str] = set()
+    for base in base_names:
+        name = slicing.advertised_name(base)
+        if name in resources or (name != base and name in base_names):
+            raise ConfigError(
+                f"sharing.timeSlicing: {base} would be advertised as {name}, "
+                "which is already another resource"
+            )
+        replicas = slicing.replicas_of(base)
+        entries: list[DeviceEntry] = resources.setdefault(name, [])
+        if replicas > 1:
+            shared.add(name)
+        for unit in units.values():
+            if unit.resource != base:
+                continue
+            dev_id = unit.uuid if flags.device_id_strategy == "uuid" else unit.index
+            if replicas == 1:
+                entries.append(DeviceEntry(dev_id, unit))
+            else:
+                entries.extend(DeviceEntry(replica_id(dev_id, n), unit, n) for n in range(replicas))
+    return Inventory(
+        units=units,
+        resources={k: tuple(v) for k, v in resources.items()},
+        shared=frozenset(shared),
+    )

@@ -1,0 +1,541 @@
+"""The GPU plugin daemon: NVML start-up, one SDK plugin per resource, health, CDI, reload.
+
+:class:`GpuPlugins` owns the SDK :class:`~kubedevice.plugin.PluginServer`, the
+:class:`~kubedevice.nvidia.health.HealthMonitor`, the CDI spec file and the config
+watcher. A reload (SIGHUP or a change of the file) is all-or-nothing: the new config and
+everything derived from it (devices, CDI spec) are built first; if any of it fails the
+old config keeps running untouched. It never exits the process; :func:`run_gpu_plugin` is
+the in-process entry point the CLI uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError, PluginServerError
+from kubedevice.generic.watcher import FileChanges, file_digest
+from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo, NvmlBackend
+from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
+from kubedevice.nvidia.config import Config, load_config
+from kubedevice.nvidia.devices import Inventory, build_inventory, read_numa_node
+from kubedevice.nvidia.health import HealthMonitor, HealthState
+from kubedevice.nvidia.labels import compute_labels, remove_feature_file, write_feature_file
+from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
+from kubedevice.nvidia.topology import build_topology, preferred_allocation
+from kubedevice.plugin.metrics import PluginMetrics
+from kubedevice.plugin.server import PluginServer
+
+if TYPE_CHECKING:
+    from kubedevice.nvidia.metrics import GpuMetrics
+
+__all__ = ["GpuPlugins", "Hardware", "run_gpu_plugin"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """What NVML enumerated at start-up (``driver`` is ``None`` when NVML did not start)."""
+
+    driver: DriverInfo | None
+    gpus: tuple[GpuInfo, ...]
+    mig: Mapping[str, tuple[MigDeviceInfo, ...]]
+
+    @property
+    def parents(self) -> dict[str, str]:
+        """Every GPU and MIG device UUID -> its GPU's UUID."""
+        out = {g.uuid: g.uuid for g in self.gpus}
+        for gpu_uuid, devices in self.mig.items():
+            out.update((m.uuid, gpu_uuid) for m in devices)
+        return out
+
+
+def enumerate_hardware(backend: NvmlBackend, *, fail_on_init_error: bool) -> Hardware:
+    """Initialise NVML and list the GPUs and their MIG devices (blocking).
+
+    Raises:
+        NvmlError: NVML cannot start and ``fail_on_init_error`` is set.
+    """
+    try:
+        driver = backend.init()
+    except NvmlError as exc:
+        if fail_on_init_error:
+            raise
+        log.error(
+            "NVML cannot start (%s); serving zero GPUs (failOnInitError is false)",
+            exc,
+        )
+        return Hardware(None, (), {})
+    gpus = tuple(backend.gpus())
+    mig: dict[str, tuple[MigDeviceInfo, ...]] = {}
+    for gpu in gpus:
+        if not gpu.mig_enabled:
+            continue
+        try:
+            mig[gpu.uuid] = tuple(backend.mig_devices(gpu.uuid))
+        except NvmlError as exc:  # one GPU's failure costs that GPU's MIG devices only
+            log.error("cannot list the MIG devices of %s: %s", gpu.uuid, exc)
+            mig[gpu.uuid] = ()
+    log.info(
+        "NVML started",
+        extra={"driver": driver.driver_version, "cuda": driver.cuda_version, "gpus": len(gpus)},
+    )
+    return Hardware(driver, gpus, mig)
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    """Everything a config yields on this hardware; built completely before it is applied."""
+
+    config: Config
+    inventory: Inventory
+    cdi_spec: dict[str, Any] | None
+    prefer: Prefer | None
+    labels: dict[str, str] | None
+
+
+class GpuPlugins:
+    """The GPU plugin on one node: every GPU resource, served on one SDK plugin server.
+
+    Use as an async context manager (or :meth:`start` / :meth:`stop`).
+
+    Args:
+        config: The validated config (CLI overrides already applied).
+        backend: The NVML backend, not yet initialised.
+        device_plugin_dir: The kubelet's device plugin directory.
+        config_path: The file ``config`` came from; watched, and re-read by :meth:`reload`.
+        overrides: Flags given on the command line (``Flags`` field names); they win over
+            every reloaded config too.
+        metrics_address: ``host:port`` for Prometheus metrics, or ``None``.
+        wait_timeout_ms: Longest single NVML event wait (see :class:`HealthMonitor`).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        backend: NvmlBackend,
+        *,
+        device_plugin_dir: str | os.PathLike[str] | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        overrides: Mapping[str, str | None] | None = None,
+        metrics_address: str | None = None,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
+        self._overrides = dict(overrides or {})
+        self._config = config.with_overrides(**self._overrides)
+        self.backend = backend
+        self._config_path = Path(config_path).absolute() if config_path is not None else None
+        # the content in force, taken now: an edit from here on is seen by the watcher
+        self._config_digest = file_digest(self._config_path) if self._config_path else None
+        self._changes: FileChanges | None = None
+        self._metrics_address = metrics_address
+        self._metrics = PluginMetrics() if metrics_address is not None else None
+        self._http: Any = None
+        self.server = PluginServer(device_plugin_dir, metrics=self._metrics)
+        """The SDK server hosting the plugins (``wait_registered`` etc.)."""
+        self.hardware = Hardware(None, (), {})
+        self.health: HealthState | None = None
+        self._monitor: HealthMonitor | None = None
+        self._wait_timeout_ms = wait_timeout_ms
+        self._plugins: dict[str, GpuResourcePlugin] = {}
+        self._derived: _Derived | None = None
+        self._gpu_metrics: GpuMetrics | None = None
+        self._metrics_resources: list[str] = []
+        self._device_gpu: dict[str, str] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reload_requested = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self._reloads = 0
+        self._reload_done = asyncio.Event()
+        self._started = False
+        self._stopped = False
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> GpuPlugins:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config
+
+    @property
+    def inventory(self) -> Inventory:
+        """The devices of each resource in force."""
+        assert self._derived is not None
+        return self._derived.inventory
+
+    @property
+    def resources(self) -> list[str]:
+        """The resource names served."""
+        return list(self._plugins)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the Prometheus metrics are served (the real port when ``:0`` was asked)."""
+        if self._http is None:
+            return None
+        host, port = self._http.server_address[:2]
+        return f"http://{host}:{port}/metrics"
+
+    def plugin(self, resource: str) -> GpuResourcePlugin:
+        """The plugin serving ``resource``."""
+        return self._plugins[resource]
+
+    async def start(self) -> None:
+        """Start NVML, serve every resource, write the CDI spec, start health and watchers.
+
+        Raises:
+            NvmlError: NVML cannot start and ``failOnInitError`` is set.
+            ConfigError: The config does not fit the hardware (e.g. ``migStrategy: single``
+                on mixed MIG profiles).
+        """
+        if self._started:
+            raise RuntimeError("GpuPlugins can be started only once")
+        self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("GPU plugin started", extra={"resources": ",".join(self._plugins)})
+
+    async def _start(self) -> None:
+        t0 = time.monotonic()
+        self.hardware = await asyncio.to_thread(
+            enumerate_hardware,
+            self.backend,
+            fail_on_init_error=self._config.flags.fail_on_init_error,
+        )
+        derived = await asyncio.to_thread(self._derive, self._config)
+        self.health = HealthState(self._config.health, self.hardware.parents)
+        await self.server.start()
+        if self._metrics is not None and self._metrics_address is not None:
+            await self._serve_metrics(self._metrics, self._metrics_address)
+        await self._apply(derived)
+        self._sync_metrics()
+        await self._sync_monitor()
+        self._tasks.append(asyncio.create_task(self._reload_loop(), name="nvidia: reload"))
+        if self._config_path is not None:
+            self._changes = FileChanges(self._config_path, self._config_digest)
+            self._tasks.append(asyncio.create_task(self._config_loop(), name="nvidia: config"))
+        log.info("serving %.1f ms after start", (time.monotonic() - t0) * 1000)
+
+    async def _serve_metrics(self, metrics: PluginMetrics, address: str) -> None:
+        try:
+            self._http = metrics.serve_http(address)
+        except (ValueError, OverflowError) as exc:
+            raise ConfigError(
+                f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"
+            ) from exc
+        except OSError as exc:
+            raise PluginServerError(
+                f"cannot serve metrics on {address}: {exc.strerror or exc}"
+            ) from exc
+        log.info("metrics on %s", self.metrics_url)
+
+    async def stop(self) -> None:
+        """Stop the health thread, watchers and the server (idempotent)."""
+        if not self._started or self._stopped:
+            return
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._changes is not None:
+            self._changes.close()
+            self._changes = None
+        if self._monitor is not None:
+            await self._monitor.stop()
+            self._monitor = None
+        if self._gpu_metrics is not None:
+            self._gpu_metrics.close()
+            self._gpu_metrics = None
+        http, self._http = self._http, None
+        if http is not None:
+            await asyncio.to_thread(http.shutdown)  # blocks up to its poll interval
+            http.server_close()
+        await self.server.stop()
+        if self.hardware.driver is not None:
+            with contextlib.suppress(NvmlError):
+                await asyncio.to_thread(self.backend.shutdown)
+
+    # ----------------------------------------------------------------- devices
+
+    def _derive(self, config: Config) -> _Derived:
+        """Build everything ``config`` yields (blocking: reads /dev, /sys, the driver root)."""
+        hw = self.hardware
+        inventory = build_inventory(config, hw.gpus, hw.mig)
+        spec = None
+        if config.flags.cdi_enabled:
+            files = find_driver_files(
+                config.flags.nvidia_driver_root,
+                hw.driver.driver_version if hw.driver is not None else None,
+            )
+            spec = build_spec(
+                inventory,
+                driver_files=files,
+                host_driver_root=config.flags.effective_host_driver_root,
+            )
+        numa = {g.uuid: read_numa_node(config.flags.sys_root, g.pci_bus_id) for g in hw.gpus}
+        topology = build_topology(self.backend, hw.gpus, numa) if hw.driver is not None else None
+        prefer = None if topology is None else functools.partial(preferred_allocation, topology)
+        labels = None
+        if hw.driver is not None:
+            slicing = config.sharing.time_slicing
+            replicas = max((r.replicas for r in slicing.resources), default=1)
+            labels = compute_labels(
+                hw.driver,
+                hw.gpus,
+                hw.mig,
+                mig_strategy=config.flags.mig_strategy,
+                sharing_strategy="time-slicing" if slicing.resources else "none",
+                replicas=replicas,
+            )
+        return _Derived(config, inventory, spec, prefer, labels)
+
+    async def _write_labels(self, derived: _Derived) -> None:
+        """Write the labels file; remove one this plugin wrote where it no longer belongs.
+
+        A directory that cannot be written is logged: the GPUs are served all the same.
+        """
+        new_dir = derived.config.flags.features_dir
+        old_dir = self._config.flags.features_dir if self._derived is not None else None
+        try:
+            if old_dir is not None and old_dir != new_dir:
+                await asyncio.to_thread(remove_feature_file, Path(old_dir))
+            if new_dir is None:
+                return
+            if derived.labels is None:  # no NVML: no stale "GPUs present" labels either
+                await asyncio.to_thread(remove_feature_file, Path(new_dir))
+                return
+            if await asyncio.to_thread(write_feature_file, Path(new_dir), derived.labels):
+                log.info("node labels written", extra={"dir": new_dir})
+        except ConfigError as exc:
+            log.error("node labels not written: %s", exc)
+
+    def _healthy(self, uuid: str) -> bool:
+        return self.health is None or self._config.health.disabled or self.health.healthy(uuid)
+
+    async def _apply(self, derived: _Derived) -> None:
+        """Make ``derived`` the state in force: files first, then the plugins."""
+        config = derived.config
+        if derived.cdi_spec is not None:
+            await asyncio.to_thread(write_spec, config.flags.cdi_dir, derived.cdi_spec)
+        await self._write_labels(derived)
+        self._derived = derived
+        self._config = config
+        self._device_gpu = {
+            e.id: e.unit.parent_uuid
+            for entries in derived.inventory.resources.values()
+            for e in entries
+        }
+        if self.health is not None:
+            self.health.config = config.health
+        slicing = config.sharing.time_slicing
+        wanted = derived.inventory.resources
+        for name in [n for n in self._plugins if n not in wanted]:
+            await self.server.remove(name)
+            del self._plugins[name]
+            log.info("resource removed", extra={"resource": name})
+        for name, entries in wanted.items():
+            shared = name in derived.inventory.shared
+            plugin = self._plugins.get(name)
+            if plugin is None:
+                plugin = GpuResourcePlugin(
+                    name,
+                    entries,
+                    config.flags,
+                    self._healthy,
+                    shared=shared,
+                    fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
+                    prefer=derived.prefer,
+                )
+                plugin.refresh()
+                await self.server.add(plugin)
+                self._plugins[name] = plugin
+            else:
+                plugin.configure(
+                    entries,
+                    config.flags,
+                    shared,
+                    slicing.fail_requests_greater_than_one,
+                    derived.prefer,
+                )
+                plugin.refresh()
+
+    async def _sync_monitor(self) -> None:
+        """Run the health monitor exactly when NVML started and health is not disabled."""
+        wanted = self.hardware.driver is not None and not self._config.health.disabled
+        if wanted and self._monitor is None and self.health is not None:
+            self._monitor = HealthMonitor(
+                self.backend,
+                self.health,
+                self._health_changed,
+                sink=self._gpu_metrics,
+                wait_timeout_ms=self._wait_timeout_ms,
+            )
+            await self._monitor.start()
+        elif not wanted and self._monitor is not None:
+            await self._monitor.stop()
+            self._monitor = None
+            self._health_changed()
+
+    def _sync_metrics(self) -> None:
+        """Per-GPU metrics for the resources served now (a new collector when they change)."""
+        if self._metrics is None or self.hardware.driver is None:
+            return
+        resources = sorted(self._plugins)
+        current = self._gpu_metrics
+        if current is not None and self._metrics_resources == resources:
+            return
+        if current is not None:
+            current.close()
+        from kubedevice.nvidia.metrics import GpuMetrics  # prometheus_client: only when asked
+
+        socket = self._config.flags.pod_resources_socket
+        self._gpu_metrics = GpuMetrics(
+            self.backend,
+            self.hardware.gpus,
+            Path(socket),
+            resources,
+            self._device_gpu.get,
+            registry=self._metrics.registry,
+        )
+        self._metrics_resources = resources
+        if self.health is not None:
+            for gpu in self.hardware.gpus:
+                self._gpu_metrics.set_health(gpu.uuid, self.health.healthy(gpu.uuid))
+        if self._monitor is not None:
+            self._monitor.sink = self._gpu_metrics
+
+    def _health_changed(self) -> None:
+        for plugin in self._plugins.values():
+            plugin.refresh()
+
+    # ----------------------------------------------------------------- reload
+
+    def request_reload(self) -> None:
+        """Ask for a reload from the config file (what SIGHUP does)."""
+        self._reload_requested.set()
+
+    @property
+    def reloads(self) -> int:
+        """How many reload attempts finished (applied or rejected)."""
+        return self._reloads
+
+    async def wait_reloaded(self, count: int) -> None:
+        """Wait until at least ``count`` reload attempts have finished."""
+        while self._reloads < count:
+            self._reload_done.clear()
+            await self._reload_done.wait()
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await self._reload_requested.wait()
+            self._reload_requested.clear()
+            try:
+                await self.reload()
+            except ConfigError as exc:
+                log.error("new config rejected; the old one keeps running: %s", exc)
+            except KubeDeviceError as exc:
+                log.error("reload failed part-way: %s", exc)
+            except Exception:
+                log.exception("reload failed part-way")
+            finally:
+                self._reloads += 1
+                self._reload_done.set()
+
+    async def _config_loop(self) -> None:
+        assert self._changes is not None
+        while True:
+            await self._changes.changed()
+            self.request_reload()
+
+    async def reload(self, config: Config | None = None) -> None:
+        """Apply a new config, all or nothing.
+
+        Raises:
+            ConfigError: The new config is invalid or does not fit the hardware; nothing
+                was changed.
+        """
+        async with self._reload_lock:
+            if config is None:
+                if self._config_path is None:
+                    raise ConfigError("no config file to reload from")
+                config = await asyncio.to_thread(load_config, self._config_path)
+            config = config.with_overrides(**self._overrides)
+            if config == self._config:
+                log.info("config unchanged")
+                return
+            derived = await asyncio.to_thread(self._derive, config)
+            await self._apply(derived)
+            self._sync_metrics()
+            await self._sync_monitor()
+            log.info("config reloaded", extra={"resources": ",".join(self._plugins)})
+
+
+async def run_gpu_plugin(
+    config: Config,
+    backend: NvmlBackend,
+    *,
+    stop: asyncio.Event,
+    config_path: str | os.PathLike[str] | None = None,
+    device_plugin_dir: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, str | None] | None = None,
+    metrics_address: str | None = None,
+    ready: Callable[[GpuPlugins], None] | None = None,
+    handle_sighup: bool = False,
+    wait_timeout_ms: int = 5000,
+) -> None:
+    """Run the GPU plugin until ``stop`` is set.
+
+    ``wait_timeout_ms`` bounds each NVML event wait: real NVML cannot be interrupted, so
+    it is how long stopping may take (the fake wakes at once and can wait much longer).
+
+    Raises:
+        NvmlError: NVML cannot start and ``failOnInitError`` is set.
+        ConfigError: The config does not fit the hardware.
+        KubeDeviceError: A plugin could not be served.
+    """
+    plugins = GpuPlugins(
+        config,
+        backend,
+        device_plugin_dir=device_plugin_dir,
+        config_path=config_path,
+        overrides=overrides,
+        metrics_address=metrics_address,
+        wait_timeout_ms=wait_timeout_ms,
+    )
+    loop = asyncio.get_running_loop()
+    if handle_sighup:  # before start: a SIGHUP during start-up must not kill the process
+        loop.add_signal_handler(signal.SIGHUP, plugins.request_reload)
+    try:
+        async with plugins:
+            if ready is not None:
+                ready(plugins)
+            await stop.wait()
+    finally:
+        if handle_sighup:
+            loop.remove_signal_handler(signal.SIGHUP)

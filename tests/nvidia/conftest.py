@@ -1,0 +1,77 @@
+"""GPU plugin fixtures: a fake host (fake NVML machine + /dev and /sys trees) per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+
+
+@dataclass
+class GpuHost:
+    """A fake GPU node: the NVML fake and the trees the plugin reads and writes."""
+
+    nvml: FakeNvml
+    root: Path
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    @property
+    def sys(self) -> Path:
+        return self.root / "sys"
+
+    @property
+    def cdi(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def features(self) -> Path:
+        return self.root / "features.d"
+
+    def overrides(self) -> dict[str, Any]:
+        return {
+            "dev_root": str(self.dev),
+            "sys_root": str(self.sys),
+            "cdi_dir": str(self.cdi),
+            "features_dir": str(self.features),
+            "nvidia_driver_root": str(self.root / "driver"),
+            "pod_resources_socket": str(self.root / "no-pod-resources.sock"),
+        }
+
+
+@pytest.fixture
+def gpu_host(tmp_path: Path) -> Iterator[Any]:
+    """Call with a machine name: ``gpu_host("dgx-8gpu")``; the fakes are closed afterwards."""
+    made: list[FakeNvml] = []
+
+    def make(machine: str) -> GpuHost:
+        nvml = FakeNvml.from_file(machine)
+        root = tmp_path / f"host{len(made)}"
+        write_fake_dev(nvml, root / "dev")
+        write_fake_sysfs(nvml, root / "sys")
+        made.append(nvml)
+        return GpuHost(nvml, root)
+
+    yield make
+    for nvml in made:
+        nvml.close()
+
+
+def pod(name: str, resource: str, count: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "cuda", "resources": {"limits": {resource: str(count)}}}
+            ]
+        },
+    }

@@ -1,0 +1,92 @@
+"""`kubedevice conformance --strict` passes on `kubedevice nvidia run --nvml fake:dgx-8gpu`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+KUBEDEVICE = str(Path(sys.executable).parent / "kubedevice")
+
+
+def test_gpu_plugin_passes_strict_conformance(tmp_path: Path, gpu_host: Any) -> None:
+    host = gpu_host("dgx-8gpu")
+    proc = subprocess.run(
+        [
+            KUBEDEVICE,
+            "conformance",
+            "--strict",
+            "--log",
+            str(tmp_path / "plugin.log"),
+            "--",
+            KUBEDEVICE,
+            "nvidia",
+            "run",
+            "--nvml",
+            "fake:dgx-8gpu",
+            "--dev-root",
+            str(host.dev),
+            "--sys-root",
+            str(host.sys),
+            "--cdi-dir",
+            str(host.cdi),
+            "--features-dir",
+            str(host.features),
+            "--pod-resources-socket",
+            str(tmp_path / "none.sock"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "0 failed" in out
+    assert "(0 MUST and 0 SHOULD failures)" in out
+    assert "PASS    MUST    allocate-healthy[nvidia.com/gpu]" in out
+    assert "PASS    SHOULD  preferred-allocation[nvidia.com/gpu]" in out
+
+
+def test_mig_mixed_with_replicas_passes_strict_conformance(tmp_path: Path, gpu_host: Any) -> None:
+    host = gpu_host("mig-mixed")
+    config = tmp_path / "gpu.yaml"
+    config.write_text(
+        "version: v1\nflags: {migStrategy: mixed}\n"
+        "sharing: {timeSlicing: {resources: [{name: nvidia.com/mig-1g.18gb, replicas: 2}]}}\n"
+    )
+    proc = subprocess.run(
+        [
+            KUBEDEVICE,
+            "conformance",
+            "--strict",
+            "--log",
+            str(tmp_path / "plugin.log"),
+            "--",
+            KUBEDEVICE,
+            "nvidia",
+            "run",
+            "--nvml",
+            "fake:mig-mixed",
+            "--config",
+            str(config),
+            "--dev-root",
+            str(host.dev),
+            "--sys-root",
+            str(host.sys),
+            "--features-dir",
+            "",
+            "--pod-resources-socket",
+            str(tmp_path / "none.sock"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "(0 MUST and 0 SHOULD failures)" in out
+    for resource in ("nvidia.com/gpu", "nvidia.com/mig-1g.18gb", "nvidia.com/mig-4g.71gb"):
+        assert f"PASS    MUST    allocate-healthy[{resource}]" in out

@@ -1,0 +1,367 @@
+"""The GPU plugin daemon in-process against the kubelet emulator, on the fake NVML."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubedevice.errors import AdmissionError, ConfigError, NvmlError
+from kubedevice.kubelet import Emulator
+from kubedevice.nvidia.backend import EventKind, HealthEvent
+from kubedevice.nvidia.config import Config, parse_config
+from kubedevice.nvidia.runner import GpuPlugins
+
+from .conftest import pod
+
+GPU = "nvidia.com/gpu"
+
+
+def _config(**sections: Any) -> Config:
+    return parse_config({"version": "v1", **sections})
+
+
+def _plugins(host: Any, dp_dir: Path, config: Config, **kw: Any) -> GpuPlugins:
+    return GpuPlugins(config, host.nvml, device_plugin_dir=dp_dir, overrides=host.overrides(), **kw)
+
+
+def _health(emu: Emulator, resource: str, device: str) -> str | None:
+    status = emu.node().resources.get(resource)
+    if status is None:
+        return None
+    return next((d.health for d in status.devices if d.id == device), None)
+
+
+async def test_eight_gpus_allocate_with_nodes_and_env_and_recover_from_an_xid(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    gpus = host.nvml.machine.gpus
+    cfg = _config(health={"quietPeriod": "200ms"})
+    async with _plugins(host, dp_dir, cfg):
+        status = await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+        numa = {d.id: d.numa for d in status.devices}
+        assert numa[gpus[0].info.uuid] == (0,)
+        assert numa[gpus[7].info.uuid] == (1,)
+        admitted = await emu.apply_pod(pod("train", GPU, 1))
+        main = admitted.container("main")
+        (uuid,) = main.devices[GPU]
+        minor = next(g.info.minor for g in gpus if g.info.uuid == uuid)
+        runtime = main.runtime
+        assert runtime.envs == {"NVIDIA_VISIBLE_DEVICES": uuid}
+        nodes = [d.host_path for d in runtime.devices]
+        assert nodes[0] == f"/dev/nvidia{minor}"
+        assert "/dev/nvidiactl" in nodes
+        assert "/dev/nvidia-uvm" in nodes
+        assert runtime.conflicts == ()
+
+        host.nvml.inject(HealthEvent(EventKind.XID, uuid, 48))
+        await emu.wait_until(lambda: _health(emu, GPU, uuid) == "Unhealthy", 1.0)
+        assert emu.node().allocatable()[GPU] == 7
+        # application XIDs change nothing; the quiet period passes and it is Healthy again
+        await emu.wait_until(lambda: _health(emu, GPU, uuid) == "Healthy", 3.0)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "check"),
+    [
+        (
+            "volume-mounts",
+            lambda rt, ids: (
+                rt.envs == {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"}
+                and sorted(m.container_path for m in rt.mounts)
+                == sorted(f"/var/run/nvidia-container-devices/{i}" for i in ids)
+                and all(m.host_path == "/dev/null" and m.read_only for m in rt.mounts)
+            ),
+        ),
+        (
+            "cdi-cri",
+            lambda rt, ids: (
+                sorted(rt.cdi_devices) == sorted(f"nvidia.com/gpu={i}" for i in ids) and not rt.envs
+            ),
+        ),
+        (
+            "cdi-annotations",
+            lambda rt, ids: (
+                len(rt.annotations) == 1
+                and next(iter(rt.annotations)).startswith("cdi.k8s.io/kubedevice-nvidia_")
+                and sorted(next(iter(rt.annotations.values())).split(","))
+                == sorted(f"nvidia.com/gpu={i}" for i in ids)
+            ),
+        ),
+    ],
+)
+async def test_device_list_strategies(
+    emu: Emulator, dp_dir: Path, gpu_host: Any, strategy: str, check: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    cfg = _config(flags={"deviceListStrategy": strategy})
+    async with _plugins(host, dp_dir, cfg):
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        main = (await emu.apply_pod(pod("p", GPU, 2))).container("main")
+        ids = list(main.devices[GPU])
+        assert check(main.runtime, ids), main.runtime
+        assert len(main.runtime.devices) >= 3  # device nodes are always given
+
+
+async def test_cdi_spec_names_every_gpu_by_uuid_and_index(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    lib = host.root / "driver" / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.570.124.06").write_text("elf")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.570.124.06")
+    (lib / "libnvidia-ml.so.1").symlink_to("/etc/passwd")  # leads out of the driver root
+    cfg = _config(flags={"deviceListStrategy": "cdi-cri", "hostDriverRoot": "/run/nvidia/driver"})
+    async with _plugins(host, dp_dir, cfg):
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        spec = json.loads((host.cdi / "kubedevice-nvidia.json").read_text())
+    assert spec["kind"] == "nvidia.com/gpu"
+    assert spec["cdiVersion"] == "0.5.0"
+    names = [d["name"] for d in spec["devices"]]
+    uuids = [g.info.uuid for g in host.nvml.machine.gpus]
+    assert names == [n for u, i in zip(uuids, range(4), strict=True) for n in (u, str(i))]
+    first = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in first] == ["/dev/nvidia0"]
+    common = spec["containerEdits"]
+    assert {n["path"] for n in common["deviceNodes"]} >= {"/dev/nvidiactl", "/dev/nvidia-uvm"}
+    mounts = {m["containerPath"]: m["hostPath"] for m in common["mounts"]}
+    assert mounts == {
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1": (
+            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+        ),
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06": (
+            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06"
+        ),
+    }
+
+
+async def test_time_slicing_replicas_renamed_and_requests_over_one_refused(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    cfg = _config(
+        sharing={
+            "timeSlicing": {
+                "renameByDefault": True,
+                "failRequestsGreaterThanOne": True,
+                "resources": [{"name": GPU, "replicas": 4}],
+            }
+        }
+    )
+    shared = "nvidia.com/gpu.shared"
+    async with _plugins(host, dp_dir, cfg) as plugins:
+        status = await emu.wait_for_resource(shared, allocatable=16, timeout=5)
+        assert plugins.resources == [shared]
+        assert all("::" in d.id for d in status.devices)
+        one = (await emu.apply_pod(pod("one", shared, 1))).container("main")
+        (replica,) = one.devices[shared]
+        assert one.runtime.envs["NVIDIA_VISIBLE_DEVICES"] == replica.split("::")[0]
+        with pytest.raises(AdmissionError, match="failRequestsGreaterThanOne"):
+            await emu.apply_pod(pod("two", shared, 2))
+
+
+async def test_replicas_spread_without_refusal(emu: Emulator, dp_dir: Path, gpu_host: Any) -> None:
+    host = gpu_host("pcie-4gpu")
+    cfg = _config(sharing={"timeSlicing": {"resources": [{"name": GPU, "replicas": 2}]}})
+    async with _plugins(host, dp_dir, cfg):
+        await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+        main = (await emu.apply_pod(pod("two", GPU, 2))).container("main")
+        gpus = {i.split("::")[0] for i in main.devices[GPU]}
+        assert len(gpus) == 2  # two replicas on two different GPUs
+        assert len(main.runtime.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == 2
+
+
+async def test_mig_mixed_serves_one_resource_per_profile(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("mig-mixed")
+    async with _plugins(host, dp_dir, _config(flags={"migStrategy": "mixed"})) as plugins:
+        assert sorted(plugins.resources) == [
+            GPU,
+            "nvidia.com/mig-1g.18gb",
+            "nvidia.com/mig-1g.35gb",
+            "nvidia.com/mig-2g.35gb",
+            "nvidia.com/mig-3g.71gb",
+            "nvidia.com/mig-4g.71gb",
+        ]
+        await emu.wait_for_resource("nvidia.com/mig-1g.18gb", allocatable=4, timeout=5)
+        await emu.wait_for_resource(GPU, allocatable=1, timeout=5)
+        main = (await emu.apply_pod(pod("small", "nvidia.com/mig-3g.71gb", 1))).container("main")
+        (mig_uuid,) = main.devices["nvidia.com/mig-3g.71gb"]
+        assert mig_uuid.startswith("MIG-")
+        nodes = [d.host_path for d in main.runtime.devices]
+        assert any(n.startswith("/dev/nvidia-caps/nvidia-cap") for n in nodes)
+        assert main.runtime.envs == {"NVIDIA_VISIBLE_DEVICES": mig_uuid}
+
+
+async def test_mig_single_on_mixed_profiles_is_a_clear_error(dp_dir: Path, gpu_host: Any) -> None:
+    host = gpu_host("mig-mixed")
+    with pytest.raises(ConfigError, match="'single' needs every GPU MIG-enabled with one MIG"):
+        async with _plugins(host, dp_dir, _config(flags={"migStrategy": "single"})):
+            pass
+
+
+async def test_reload_is_all_or_nothing(emu: Emulator, dp_dir: Path, gpu_host: Any) -> None:
+    host = gpu_host("mig-mixed")
+    async with _plugins(host, dp_dir, _config()) as plugins:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        with pytest.raises(ConfigError, match="'single' needs"):
+            await plugins.reload(_config(flags={"migStrategy": "single"}))
+        assert plugins.resources == [GPU]  # the old config keeps running
+        assert plugins.config.flags.mig_strategy == "none"
+        await plugins.reload(_config(flags={"migStrategy": "mixed"}))
+        await emu.wait_for_resource("nvidia.com/mig-2g.35gb", allocatable=2, timeout=5)
+        await emu.wait_for_resource(GPU, allocatable=1, timeout=5)
+
+
+async def test_no_driver_fails_or_serves_zero_gpus(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("no-driver")
+    with pytest.raises(NvmlError, match="DriverNotLoaded"):
+        async with _plugins(host, dp_dir, _config()):
+            pass
+    cfg = _config(flags={"failOnInitError": False})
+    async with _plugins(host, dp_dir, cfg) as plugins:
+        status = await emu.wait_for_resource(GPU, timeout=5)
+        assert status.capacity == 0
+        assert plugins._monitor is None  # no event thread, nothing spinning
+
+
+async def test_four_gpu_pod_gets_the_best_nvlink_clique(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    index = {g.info.uuid: g.info.index for g in host.nvml.machine.gpus}
+    async with _plugins(host, dp_dir, _config()):
+        await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+        first = (await emu.apply_pod(pod("a", GPU, 4))).container("main")
+        # GPUs 0-3: a full-strength NVLink clique (4-7 has degraded links)
+        assert sorted(index[u] for u in first.devices[GPU]) == [0, 1, 2, 3]
+        second = (await emu.apply_pod(pod("b", GPU, 2))).container("main")
+        # of what is left, a pair with 18 links (not 5-6: 6 links, nor 4-7: 12)
+        assert sorted(index[u] for u in second.devices[GPU]) in ([4, 5], [4, 6], [5, 7], [6, 7])
+
+
+async def test_node_labels_written_and_updated_on_reload(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    feature_file = host.features / "kubedevice-nvidia"
+    async with _plugins(host, dp_dir, _config()) as plugins:
+        await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+        labels = _labels(feature_file)
+        assert labels["nvidia.com/gpu.count"] == "8"
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        assert labels["nvidia.com/gpu.compute.major"] == "9"
+        assert labels["nvidia.com/gpu.replicas"] == "1"
+        await plugins.reload(
+            _config(sharing={"timeSlicing": {"resources": [{"name": GPU, "replicas": 3}]}})
+        )
+        labels = _labels(feature_file)
+        assert labels["nvidia.com/gpu.replicas"] == "3"
+        assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+
+
+def _labels(path: Path) -> dict[str, str]:
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
+async def test_metrics_carry_the_pods_labels_health_and_xids(
+    dp_dir: Path, sock_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    async with Emulator(dp_dir, control_socket=False) as emu:
+        overrides = {**host.overrides(), "pod_resources_socket": str(emu.pod_resources_socket)}
+        cfg = _config(health={"quietPeriod": "1h"})
+        plugins = GpuPlugins(
+            cfg,
+            host.nvml,
+            device_plugin_dir=dp_dir,
+            overrides=overrides,
+            metrics_address="127.0.0.1:0",
+        )
+        async with plugins:
+            await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+            main = (await emu.apply_pod(pod("train", GPU, 1))).container("main")
+            (uuid,) = main.devices[GPU]
+            index = next(g.info.index for g in host.nvml.machine.gpus if g.info.uuid == uuid)
+            host.nvml.set_sample(uuid, utilization_gpu=77)
+            host.nvml.inject(HealthEvent(EventKind.XID, uuid, 48))
+            await emu.wait_until(lambda: _health(emu, GPU, uuid) == "Unhealthy", 1.0)
+            url = plugins.metrics_url
+            assert url is not None
+            text = await asyncio.to_thread(_scrape, url)
+    held = f'container="main",gpu="{index}",namespace="default",pod="train",uuid="{uuid}"'
+    util = [line for line in text.splitlines() if line.startswith("kubedevice_nvidia_gpu_util")]
+    assert any(held in line and line.endswith(" 77.0") for line in util), util
+    health = [
+        line for line in text.splitlines() if line.startswith("kubedevice_nvidia_gpu_healthy")
+    ]
+    assert any(held in line and line.endswith(" 0.0") for line in health), health
+    assert sum(line.endswith(" 1.0") for line in health) == 7
+    assert f'kubedevice_nvidia_gpu_xid_errors_total{{uuid="{uuid}",xid="48"}} 1.0' in text or any(
+        "xid_errors_total" in line and uuid in line and 'xid="48"' in line
+        for line in text.splitlines()
+    )
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()  # type: ignore[no-any-return]
+
+
+async def test_unwritable_labels_dir_is_logged_and_gpus_still_served(
+    emu: Emulator, dp_dir: Path, gpu_host: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    blocker = host.root / "not-a-dir"
+    blocker.write_text("")
+    overrides = {**host.overrides(), "features_dir": str(blocker / "features.d")}
+    plugins = GpuPlugins(_config(), host.nvml, device_plugin_dir=dp_dir, overrides=overrides)
+    async with plugins:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+    assert any("node labels not written" in r.getMessage() for r in caplog.records)
+
+
+async def test_labels_removed_when_switched_off_or_without_nvml(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    feature_file = host.features / "kubedevice-nvidia"
+    async with _plugins(host, dp_dir, _config()) as plugins:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        assert feature_file.exists()
+        await plugins.reload(_config(flags={"featuresDir": None}))
+        assert plugins.config.flags.features_dir == str(host.features)  # the CLI flag wins
+        assert feature_file.exists()
+    # a stale file of an earlier run disappears when NVML does not start
+    nodriver = gpu_host("no-driver")
+    overrides = {**nodriver.overrides(), "features_dir": str(host.features)}
+    cfg = _config(flags={"failOnInitError": False})
+    async with GpuPlugins(cfg, nodriver.nvml, device_plugin_dir=dp_dir, overrides=overrides):
+        assert not feature_file.exists()  # removed during start-up, before serving
+
+
+async def test_labels_follow_a_reloaded_features_dir(
+    emu: Emulator, dp_dir: Path, gpu_host: Any, tmp_path: Path
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    overrides = {k: v for k, v in host.overrides().items() if k != "features_dir"}
+    first, second = tmp_path / "nfd-a", tmp_path / "nfd-b"
+    cfg = _config(flags={"featuresDir": str(first)})
+    async with GpuPlugins(cfg, host.nvml, device_plugin_dir=dp_dir, overrides=overrides) as p:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        assert (first / "kubedevice-nvidia").exists()
+        await p.reload(_config(flags={"featuresDir": str(second)}))
+        assert not (first / "kubedevice-nvidia").exists()
+        assert (second / "kubedevice-nvidia").exists()
+        await p.reload(_config(flags={"featuresDir": None}))
+        assert not (second / "kubedevice-nvidia").exists()
