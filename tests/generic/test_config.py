@@ -531,3 +531,43 @@ def test_limit_times_count_that_cannot_fit_the_kubelets_message_is_refused() -> 
     doc = _res(count=10000)
     doc["resources"][0]["limit"] = 4  # 40,000 IDs always fit
     parse_config(doc, "c.yaml")
+
+
+def _alias_bomb(levels: int) -> str:
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + f"\nversion: v1\nresources: *l{levels - 1}\n"
+
+
+def test_yaml_alias_bomb_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb(9))  # 9**9 (387 million) strings from a 400-byte file
+    assert path.stat().st_size < 1000
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (f"{path}: aliases expand it to more than 100,000 nodes; refused")
+
+
+def test_self_referencing_alias_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "loop.yaml"
+    path.write_text("version: v1\nresources: &r [*r]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_anchors_and_merge_keys_in_a_real_config_still_work(tmp_path: Path) -> None:
+    path = tmp_path / "anchors.yaml"
+    path.write_text(
+        "version: v1\n"
+        "resources:\n"
+        "- name: example.com/a\n"
+        "  groups: &g\n"
+        "  - paths: [{path: /dev/x}]\n"
+        "- name: example.com/b\n"
+        "  groups: *g\n"
+    )
+    cfg = load_config(path)
+    assert [r.name for r in cfg.resources] == ["example.com/a", "example.com/b"]
