@@ -31,8 +31,13 @@ def _run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_without_pynvml_one_line_and_exit_2() -> None:
-    proc = _run({"PYTHONPATH": ""})
+# A pynvml that is not there, even where nvidia-ml-py is installed.
+MISSING_PYNVML = 'raise ModuleNotFoundError("No module named \'pynvml\'", name="pynvml")\n'
+
+
+def test_without_pynvml_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "pynvml.py").write_text(MISSING_PYNVML)
+    proc = _run({"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
