@@ -236,18 +236,26 @@ def test_generic_plugin_without_its_extra_says_which_extra(tmp_path: Path) -> No
     )
 
 
-def test_generic_plugin_without_inotify_fails_in_one_line(tmp_path: Path) -> None:
+def test_validate_works_without_inotify_and_run_says_so_in_one_line(
+    tmp_path: Path, sock_dir: Path
+) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text("version: v1\nresources: []\n")
-    result = _run_blocked(
-        """
+    config.write_text(
+        "version: v1\nresources:\n- name: example.com/x\n  groups:\n"
+        "  - paths: [{path: /dev/null}]\n"
+    )
+    body = """
         import sys
         from kubedevice.cli.main import cli
         cli(sys.argv[1:])
-        """,
-        "validate",
-        str(config),
+        """
+    checked = _run_blocked(body, "validate", str(config))
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.strip().endswith("ok (1 resource(s): example.com/x)")
+    ran = _run_blocked(
+        body, "run", "--config", str(config), "--device-plugin-dir", str(sock_dir / "dp")
     )
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("error: the generic plugin cannot be loaded here: ")
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert ran.returncode == 2, ran.stderr
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1, ran.stderr
+    assert "asyncinotify" in lines[0]
