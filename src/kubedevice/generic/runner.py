@@ -12,18 +12,18 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubedevice.errors import ConfigError, KubeDeviceError, PluginServerError
+from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.generic.config import Config, load_config
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
 from kubedevice.generic.watcher import DirWatcher, FileChanges, file_digest
+from kubedevice.plugin.daemon import Reloader, run_daemon, serve_metrics
 from kubedevice.plugin.metrics import PluginMetrics, parse_metrics_address
 from kubedevice.plugin.server import PluginServer
 
@@ -79,9 +79,9 @@ class GenericPlugins:
         self._health_kicks: dict[tuple[str, int], asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: DirWatcher | None = None
-        self._reload_requested = asyncio.Event()
-        self._reloads = 0
-        self._reload_done = asyncio.Event()
+        self._reloader = Reloader(
+            self.reload, log, "new config rejected; the old one keeps running:\n%s"
+        )
         self._reload_lock = asyncio.Lock()  # one reload at a time (SIGHUP, file, callers)
         self._started = False
         self._stopped = False
@@ -133,23 +133,13 @@ class GenericPlugins:
         self.rescan()
         await self.server.start()
         if self._metrics is not None and self._metrics_address is not None:
-            address = self._metrics_address
-            try:
-                self._http = self._metrics.serve_http(address)
-            except (ValueError, OverflowError) as exc:
-                raise ConfigError(
-                    f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"
-                ) from exc
-            except OSError as exc:
-                raise PluginServerError(
-                    f"cannot serve metrics on {address}: {exc.strerror or exc}"
-                ) from exc
-            log.info("metrics on http://%s/metrics", address)
+            self._http = serve_metrics(self._metrics, self._metrics_address)
+            log.info("metrics on http://%s/metrics", self._metrics_address)
         for plugin in self._plugins.values():
             await self.server.add(plugin)
             self._start_health(plugin.resource_name)
         self._tasks.append(asyncio.create_task(self._watch_loop(), name="generic: device watch"))
-        self._tasks.append(asyncio.create_task(self._reload_loop(), name="generic: reload"))
+        self._tasks.append(asyncio.create_task(self._reloader.run(), name="generic: reload"))
         if self._config_path is not None:
             self._tasks.append(
                 asyncio.create_task(self._config_loop(), name="generic: config watch")
@@ -277,42 +267,22 @@ class GenericPlugins:
 
     def request_reload(self) -> None:
         """Ask for a reload from the config file (what SIGHUP does)."""
-        self._reload_requested.set()
+        self._reloader.request()
 
     @property
     def reloads(self) -> int:
         """How many reload attempts finished (applied or rejected)."""
-        return self._reloads
+        return self._reloader.count
 
     async def wait_reloaded(self, count: int) -> None:
         """Wait until at least ``count`` reload attempts have finished (applied or rejected)."""
-        while self._reloads < count:
-            self._reload_done.clear()
-            await self._reload_done.wait()
-
-    async def _reload_loop(self) -> None:
-        while True:
-            await self._reload_requested.wait()
-            self._reload_requested.clear()
-            try:
-                await self.reload()
-            except ConfigError as exc:
-                log.error("new config rejected; the old one keeps running:\n%s", exc)
-            except KubeDeviceError as exc:
-                log.error("reload failed part-way: %s", exc)
-            except Exception:
-                log.exception("reload failed part-way")
-            finally:
-                self._reloads += 1
-                self._reload_done.set()
+        await self._reloader.wait(count)
 
     async def _config_loop(self) -> None:
         assert self._config_path is not None
         changes = FileChanges(self._config_path, self._config_digest)
         try:
-            while True:
-                await changes.changed()
-                self.request_reload()
+            await self._reloader.follow(changes)
         finally:
             changes.close()
 
@@ -468,14 +438,4 @@ async def run_generic(
         dev_root=dev_root,
         sys_root=sys_root,
     )
-    loop = asyncio.get_running_loop()
-    if handle_sighup:  # before start: a SIGHUP during start-up must not kill the process
-        loop.add_signal_handler(signal.SIGHUP, plugins.request_reload)
-    try:
-        async with plugins:
-            if ready is not None:
-                ready(plugins)
-            await stop.wait()
-    finally:
-        if handle_sighup:
-            loop.remove_signal_handler(signal.SIGHUP)
+    await run_daemon(plugins, stop=stop, ready=ready, handle_sighup=handle_sighup)

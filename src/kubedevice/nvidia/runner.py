@@ -15,7 +15,6 @@ import contextlib
 import functools
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError, PluginServerError
+from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.generic.watcher import FileChanges, file_digest
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo, NvmlBackend
 from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
@@ -33,6 +32,7 @@ from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.labels import compute_labels, remove_feature_file, write_feature_file
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import build_topology, preferred_allocation
+from kubedevice.plugin.daemon import Reloader, run_daemon, serve_metrics
 from kubedevice.plugin.metrics import PluginMetrics
 from kubedevice.plugin.server import PluginServer
 
@@ -154,10 +154,8 @@ class GpuPlugins:
         self._metrics_resources: list[str] = []
         self._device_gpu: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._reload_requested = asyncio.Event()
         self._reload_lock = asyncio.Lock()
-        self._reloads = 0
-        self._reload_done = asyncio.Event()
+        self._reloader = Reloader(self.reload, log)
         self._started = False
         self._stopped = False
 
@@ -233,23 +231,16 @@ class GpuPlugins:
         await self._apply(derived)
         self._sync_metrics()
         await self._sync_monitor()
-        self._tasks.append(asyncio.create_task(self._reload_loop(), name="nvidia: reload"))
+        self._tasks.append(asyncio.create_task(self._reloader.run(), name="nvidia: reload"))
         if self._config_path is not None:
             self._changes = FileChanges(self._config_path, self._config_digest)
-            self._tasks.append(asyncio.create_task(self._config_loop(), name="nvidia: config"))
+            self._tasks.append(
+                asyncio.create_task(self._reloader.follow(self._changes), name="nvidia: config")
+            )
         log.info("serving %.1f ms after start", (time.monotonic() - t0) * 1000)
 
     async def _serve_metrics(self, metrics: PluginMetrics, address: str) -> None:
-        try:
-            self._http = metrics.serve_http(address)
-        except (ValueError, OverflowError) as exc:
-            raise ConfigError(
-                f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"
-            ) from exc
-        except OSError as exc:
-            raise PluginServerError(
-                f"cannot serve metrics on {address}: {exc.strerror or exc}"
-            ) from exc
+        self._http = serve_metrics(metrics, address)
         log.info("metrics on %s", self.metrics_url)
 
     async def stop(self) -> None:
@@ -438,40 +429,16 @@ class GpuPlugins:
 
     def request_reload(self) -> None:
         """Ask for a reload from the config file (what SIGHUP does)."""
-        self._reload_requested.set()
+        self._reloader.request()
 
     @property
     def reloads(self) -> int:
         """How many reload attempts finished (applied or rejected)."""
-        return self._reloads
+        return self._reloader.count
 
     async def wait_reloaded(self, count: int) -> None:
         """Wait until at least ``count`` reload attempts have finished."""
-        while self._reloads < count:
-            self._reload_done.clear()
-            await self._reload_done.wait()
-
-    async def _reload_loop(self) -> None:
-        while True:
-            await self._reload_requested.wait()
-            self._reload_requested.clear()
-            try:
-                await self.reload()
-            except ConfigError as exc:
-                log.error("new config rejected; the old one keeps running: %s", exc)
-            except KubeDeviceError as exc:
-                log.error("reload failed part-way: %s", exc)
-            except Exception:
-                log.exception("reload failed part-way")
-            finally:
-                self._reloads += 1
-                self._reload_done.set()
-
-    async def _config_loop(self) -> None:
-        assert self._changes is not None
-        while True:
-            await self._changes.changed()
-            self.request_reload()
+        await self._reloader.wait(count)
 
     async def reload(self, config: Config | None = None) -> None:
         """Apply a new config, all or nothing.
@@ -528,14 +495,4 @@ async def run_gpu_plugin(
         metrics_address=metrics_address,
         wait_timeout_ms=wait_timeout_ms,
     )
-    loop = asyncio.get_running_loop()
-    if handle_sighup:  # before start: a SIGHUP during start-up must not kill the process
-        loop.add_signal_handler(signal.SIGHUP, plugins.request_reload)
-    try:
-        async with plugins:
-            if ready is not None:
-                ready(plugins)
-            await stop.wait()
-    finally:
-        if handle_sighup:
-            loop.remove_signal_handler(signal.SIGHUP)
+    await run_daemon(plugins, stop=stop, ready=ready, handle_sighup=handle_sighup)

@@ -8,6 +8,7 @@ rule, socket names, plugin dir), ``policy`` (GetPreferredAllocation), ``hooks`` 
 checks, plain functions run in threads), ``servicer`` (the
 gRPC service and the ListAndWatch fan-out), ``registration`` (Register + backoff),
 ``watch`` (inotify), ``server`` (:class:`PluginServer`), ``runner`` (serve/run/main),
+``daemon`` (reload, SIGHUP and metrics plumbing shared by the plugin daemons),
 ``metrics`` (Prometheus, imported only on demand).
 
 Behaviour choices:

@@ -1,0 +1,146 @@
+"""Daemon plumbing shared by plugin runners: metrics HTTP, reload on SIGHUP or file change.
+
+A runner (the generic plugin, the GPU plugin) owns its resources; what every such daemon
+does the same way lives here: serving the Prometheus registry with a one-line error,
+serialising reload requests with a count callers can wait on, turning file changes into
+reload requests, and running until a stop event with SIGHUP mapped to a reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from kubedevice.errors import ConfigError, KubeDeviceError, PluginServerError
+
+if TYPE_CHECKING:
+    from kubedevice.plugin.metrics import PluginMetrics
+
+__all__ = ["Daemon", "FileWatch", "Reloader", "run_daemon", "serve_metrics"]
+
+
+def serve_metrics(metrics: PluginMetrics, address: str) -> Any:
+    """Serve ``metrics`` over HTTP on ``address``; return the HTTP server.
+
+    Raises:
+        ConfigError: ``address`` is not ``HOST:PORT`` with a port 0-65535.
+        PluginServerError: ``address`` cannot be listened on.
+    """
+    try:
+        return metrics.serve_http(address)
+    except (ValueError, OverflowError) as exc:
+        raise ConfigError(
+            f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"
+        ) from exc
+    except OSError as exc:
+        raise PluginServerError(
+            f"cannot serve metrics on {address}: {exc.strerror or exc}"
+        ) from exc
+
+
+class FileWatch(Protocol):
+    """Something that returns from :meth:`changed` when a watched file's content changed."""
+
+    async def changed(self) -> None: ...
+
+
+class Reloader:
+    """Runs reload attempts one request at a time and counts those that finished.
+
+    Args:
+        reload: Re-reads and applies the config; raises :class:`ConfigError` when the new
+            config is refused (the old one keeps running).
+        log: Where refusals and failures are logged.
+        rejected: The log format of a refused config (one ``%s``: the error).
+    """
+
+    def __init__(
+        self,
+        reload: Callable[[], Awaitable[None]],
+        log: logging.Logger,
+        rejected: str = "new config rejected; the old one keeps running: %s",
+    ) -> None:
+        self._reload = reload
+        self._log = log
+        self._rejected = rejected
+        self._requested = asyncio.Event()
+        self._done = asyncio.Event()
+        self.count = 0
+        """How many reload attempts finished (applied or rejected)."""
+
+    def request(self) -> None:
+        """Ask for a reload (what SIGHUP does)."""
+        self._requested.set()
+
+    async def wait(self, count: int) -> None:
+        """Wait until at least ``count`` reload attempts have finished."""
+        while self.count < count:
+            self._done.clear()
+            await self._done.wait()
+
+    async def run(self) -> None:
+        """Serve reload requests forever (run it as a task; cancel it to stop)."""
+        while True:
+            await self._requested.wait()
+            self._requested.clear()
+            try:
+                await self._reload()
+            except ConfigError as exc:
+                self._log.error(self._rejected, exc)
+            except KubeDeviceError as exc:
+                self._log.error("reload failed part-way: %s", exc)
+            except Exception:
+                self._log.exception("reload failed part-way")
+            finally:
+                self.count += 1
+                self._done.set()
+
+    async def follow(self, changes: FileWatch) -> None:
+        """Request a reload on every change ``changes`` reports (run it as a task)."""
+        while True:
+            await changes.changed()
+            self.request()
+
+
+class Daemon(Protocol):
+    """A runner used as an async context manager that reloads on request."""
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    def request_reload(self) -> None: ...
+
+
+D = TypeVar("D", bound=Daemon)
+
+
+async def run_daemon(
+    daemon: D,
+    *,
+    stop: asyncio.Event,
+    ready: Callable[[D], None] | None = None,
+    handle_sighup: bool = False,
+) -> None:
+    """Start ``daemon``, call ``ready`` with it, run until ``stop`` is set, then stop it.
+
+    With ``handle_sighup`` (needs the main thread), SIGHUP requests a reload; the handler
+    is installed before start, so a SIGHUP during start-up does not kill the process.
+    """
+    loop = asyncio.get_running_loop()
+    if handle_sighup:
+        loop.add_signal_handler(signal.SIGHUP, daemon.request_reload)
+    try:
+        async with daemon:
+            if ready is not None:
+                ready(daemon)
+            await stop.wait()
+    finally:
+        if handle_sighup:
+            loop.remove_signal_handler(signal.SIGHUP)
