@@ -7,24 +7,29 @@ expected. Models are frozen and refuse unknown keys; YAML keys are camelCase.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
-from pydantic_core import ErrorDetails
 
 from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES
-from kubedevice.errors import ConfigError, InvalidResourceNameError
+from kubedevice.errors import ConfigError
+from kubedevice.generic import configbase
+from kubedevice.generic.configbase import (
+    STRICT_MODEL_CONFIG,
+    AbsPath,
+    ResourceName,
+    absolute_path,
+    describe_input,
+)
 from kubedevice.generic.templates import (
     CDI_VARIABLES,
     CHECK_VARIABLES,
@@ -32,8 +37,8 @@ from kubedevice.generic.templates import (
     Template,
     TemplateError,
 )
-from kubedevice.generic.yamlfile import HugeInt, read_yaml
-from kubedevice.plugin import default_socket_name, validate_resource_name
+from kubedevice.generic.yamlfile import read_yaml
+from kubedevice.plugin import default_socket_name
 
 __all__ = [
     "CommandCheck",
@@ -79,15 +84,6 @@ def _under(prefix: str) -> Any:
     return AfterValidator(check)
 
 
-def _absolute(value: str) -> str:
-    p = PurePosixPath(value)
-    if not p.is_absolute():
-        raise ValueError(f"must be an absolute path (got {value!r})")
-    if ".." in p.parts:
-        raise ValueError(f"must not contain '..' (got {value!r})")
-    return value
-
-
 def _template(allowed: frozenset[str]) -> Any:
     def check(value: str) -> str:
         try:
@@ -101,28 +97,19 @@ def _template(allowed: frozenset[str]) -> Any:
 
 DevPath = Annotated[str, _under("/dev")]
 SysPath = Annotated[str, _under("/sys"), _template(CHECK_VARIABLES)]
-AbsPath = Annotated[str, AfterValidator(_absolute)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        alias_generator=to_camel,
-        validate_by_alias=True,
-        validate_by_name=False,
-        strict=True,
-        allow_inf_nan=False,
-    )
+    model_config = STRICT_MODEL_CONFIG
 
 
 class PathSpec(_Model):
     """A glob of device nodes under ``/dev`` (read under ``devRoot``)."""
 
     path: DevPath
-    container_path: Annotated[str, AfterValidator(_absolute), _template(CDI_VARIABLES)] | None = (
-        None
-    )
+    container_path: (
+        Annotated[str, AfterValidator(absolute_path), _template(CDI_VARIABLES)] | None
+    ) = None
     permissions: str = "rw"
     optional: bool = False
 
@@ -240,18 +227,10 @@ class GroupSpec(_Model):
         return self
 
 
-def _check_resource_name(value: str) -> str:
-    try:
-        validate_resource_name(value)
-    except InvalidResourceNameError as exc:
-        raise ValueError(exc.reason) from None
-    return value
-
-
 class ResourceSpec(_Model):
     """One extended resource, advertised by its own plugin socket."""
 
-    name: Annotated[str, AfterValidator(_check_resource_name)]
+    name: ResourceName
     groups: Annotated[list[GroupSpec], Field(min_length=1)]
     limit: Annotated[int, Field(ge=1)] | None = None
     placement: Literal["spread", "pack"] = "spread"
@@ -319,113 +298,6 @@ def group_name(group: GroupSpec, index: int) -> str:
     return group.name if group.name is not None else f"group{index}"
 
 
-# --------------------------------------------------------------------------- errors
-
-
-def _loc_text(loc: Sequence[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
-
-
-def _allowed_keys(loc: Sequence[int | str], root: type[BaseModel]) -> list[str]:
-    model: Any = root
-    for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
-            continue
-        field = next((f for f in model.model_fields.values() if f.alias == part), None)
-        if field is None:
-            return []
-        model = _inner_model(field.annotation)
-    if model is None:
-        return []
-    return sorted(f.alias for f in model.model_fields.values() if f.alias)
-
-
-def _inner_model(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-_TYPE_NAMES = {
-    "string_type": "a string",
-    "int_type": "an integer",
-    "float_type": "a number",
-    "bool_type": "true or false",
-    "list_type": "a list",
-    "dict_type": "a mapping",
-    "model_type": "a mapping",
-    "model_attributes_type": "a mapping",
-}
-
-
-def _got(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, HugeInt):
-        return str(value)
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
-
-
-def _message(err: ErrorDetails, root: type[BaseModel]) -> str:
-    kind = err["type"]
-    ctx: dict[str, Any] = dict(err.get("ctx") or {})
-    value = err.get("input")
-    if kind == "missing":
-        return "required field is missing"
-    if isinstance(value, HugeInt) and kind != "string_type":
-        return f"out of range (got {value})"
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(err["loc"], root)
-        return "unknown key" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
-    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {
-            "greater_than_equal": ">=",
-            "greater_than": ">",
-            "less_than_equal": "<=",
-            "less_than": "<",
-        }[kind]
-        bound = next(iter(ctx.values()))
-        if isinstance(bound, float):
-            bound = f"{bound:g}"
-        return f"must be {op} {bound} (got {_got(value)})"
-    if kind == "too_short":
-        return (
-            f"must have at least {ctx.get('min_length')} item(s) (got {ctx.get('actual_length')})"
-        )
-    if kind == "literal_error":
-        return f"must be {ctx.get('expected')} (got {_got(value)})"
-    if kind in _TYPE_NAMES:
-        return f"expected {_TYPE_NAMES[kind]} (got {_got(value)})"
-    if kind == "value_error":
-        return str(ctx.get("error", err["msg"]))
-    if kind in ("finite_number",):
-        return f"must be a finite number (got {_got(value)})"
-    return f"{err['msg']} (got {_got(value)})"
-
-
-def _error_loc(err: ErrorDetails) -> tuple[tuple[int | str, ...], str | None]:
-    """The field path of ``err``, and a message override for keys that are not strings."""
-    loc = tuple(err["loc"])
-    if len(loc) >= 2 and loc[-1] == "[key]":  # a dict key of the wrong type
-        return loc[:-2], f"key {loc[-2]!r} must be a string"
-    if err["type"] == "invalid_key" and loc:  # a model key of the wrong type
-        return loc[:-1], f"key {loc[-1]!r} must be a string"
-    return loc, None
-
-
 def format_validation_error(
     source: str, exc: ValidationError, model: type[BaseModel] | None = None
 ) -> str:
@@ -434,31 +306,13 @@ def format_validation_error(
     ``model`` is the root model validated (for the allowed keys of an unknown-key error);
     the generic plugin's :class:`Config` when ``None``.
     """
-    root: type[BaseModel] = Config if model is None else model
-    lines = []
-    for err in exc.errors(include_url=False):
-        loc, override = _error_loc(err)
-        if override is not None:
-            lines.append(f"{source}: {_loc_text(loc)}: {override}")
-            continue
-        msg = _message(err, root)
-        # model-level validators report "resources[0].name: ..." themselves.
-        if err["type"] == "value_error" and re.match(r"^[A-Za-z]+(?:[\[.][^ ]*)?: ", msg):
-            sub, _, msg = msg.partition(": ")
-            prefix = _loc_text(loc)
-            path = f"{prefix}.{sub}" if loc and not sub.startswith("[") else prefix + sub
-            if not loc:
-                path = sub
-            lines.append(f"{source}: {path}: {msg}")
-            continue
-        lines.append(f"{source}: {_loc_text(loc)}: {msg}")
-    return "\n".join(lines)
+    return configbase.format_validation_error(source, exc, Config if model is None else model)
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
     """Validate already-parsed YAML ``data``; raise :class:`ConfigError` with readable lines."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: (top level): expected a mapping (got {_got(data)})")
+        raise ConfigError(f"{source}: (top level): expected a mapping (got {describe_input(data)})")
     version = data.get("version")
     if "version" in data and version != "v1":
         raise ConfigError(f"{source}: version: unsupported version {version!r} (supported: 'v1')")

@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
-from kubedevice.errors import ConfigError, InvalidResourceNameError
+from kubedevice.errors import ConfigError
+from kubedevice.generic.configbase import (
+    STRICT_MODEL_CONFIG,
+    AbsPath,
+    ResourceName,
+    format_validation_error,
+)
 from kubedevice.generic.yamlfile import read_yaml
-from kubedevice.plugin import validate_resource_name
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
@@ -88,28 +90,8 @@ def parse_duration(value: Any) -> Any:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
-def _absolute(value: str) -> str:
-    p = PurePosixPath(value)
-    if not p.is_absolute():
-        raise ValueError(f"must be an absolute path (got {value!r})")
-    if ".." in p.parts:
-        raise ValueError(f"must not contain '..' (got {value!r})")
-    return value
-
-
-AbsPath = Annotated[str, AfterValidator(_absolute)]
-
-
 class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        alias_generator=to_camel,
-        validate_by_alias=True,
-        validate_by_name=False,
-        strict=True,
-        allow_inf_nan=False,
-    )
+    model_config = STRICT_MODEL_CONFIG
 
 
 def _list_strategy(value: Any) -> Any:
@@ -197,21 +179,13 @@ class HealthConfig(_Model):
         return self.default_policy
 
 
-def _resource_name(value: str) -> str:
-    try:
-        validate_resource_name(value)
-    except InvalidResourceNameError as exc:
-        raise ValueError(exc.reason) from None
-    return value
-
-
 class SharedResource(_Model):
     """One resource shared by time-slicing: each device is offered ``replicas`` times."""
 
-    name: Annotated[str, AfterValidator(_resource_name)]
+    name: ResourceName
     replicas: Annotated[int, Field(ge=2, le=1024)]
     #: Advertise the replicas under this name instead (``renameByDefault`` adds ``.shared``).
-    rename: Annotated[str, AfterValidator(_resource_name)] | None = None
+    rename: ResourceName | None = None
 
     @field_validator("name")
     @classmethod
@@ -312,9 +286,6 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        # only on error: it builds the generic plugin's models too
-        from kubedevice.generic.config import format_validation_error
-
         raise ConfigError(format_validation_error(source, exc, Config)) from None
 
 
