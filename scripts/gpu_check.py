@@ -30,11 +30,9 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,17 +128,6 @@ def _nvml() -> tuple[float, list[str]]:
     return init_s, uuids
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return str(resp.read().decode())
-
-
 def _all_exist(target: Target, paths: list[str]) -> bool:
     return all(os.path.exists(target.host_path(p)) for p in paths)
 
@@ -173,6 +160,7 @@ async def _cuda_view(visible: str, *, work: bool) -> tuple[asyncio.subprocess.Pr
 
 
 async def _check(result: dict[str, Any], nvml_uuids: list[str], target: Target, work: Path) -> None:
+    from kubedevice.demo import free_port
     from kubedevice.kubelet import Emulator
     from kubedevice.kubelet.types import RegistrationEvent, RpcEvent
 
@@ -180,7 +168,7 @@ async def _check(result: dict[str, Any], nvml_uuids: list[str], target: Target, 
     timings: dict[str, float] = result["timings_ms"]
     dp_dir = work / "kubelet" / "device-plugins"
     dp_dir.mkdir(parents=True)
-    port = _free_port()
+    port = free_port()
     log_path = work / "plugin.log"
     plugin: asyncio.subprocess.Process | None = None
     emu = Emulator(dp_dir, control_socket=False)
@@ -297,6 +285,8 @@ async def _cuda_checks(result: dict[str, Any], uuid: str, port: int) -> None:
 
 async def _metrics_checks(result: dict[str, Any], uuid: str, port: int) -> None:
     """A scrape shows the GPU busy and labelled with the pod holding it."""
+    from kubedevice.demo import scrape
+
     checks: dict[str, bool] = result["checks"]
     # NVML's utilization is an average over its last sample period: scrape until it shows
     # the load (bounded), as a monitoring system would.
@@ -304,7 +294,7 @@ async def _metrics_checks(result: dict[str, Any], uuid: str, port: int) -> None:
     line = ""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        text = await asyncio.to_thread(_scrape, url)
+        text = await asyncio.to_thread(scrape, url)
         line = next(
             (
                 x

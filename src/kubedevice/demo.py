@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import socket
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,21 @@ from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
 from kubedevice.kubelet.types import RegistrationEvent
 
-__all__ = ["DemoError", "DemoResult", "run_demo"]
+__all__ = [
+    "DemoError",
+    "DemoResult",
+    "Narrator",
+    "check_plugin_exit",
+    "device_health",
+    "free_port",
+    "kill_plugin",
+    "open_workdir",
+    "pod_manifest",
+    "run_demo",
+    "scrape",
+    "terminate_plugin",
+    "timed",
+]
 
 SERIAL = "demo.kubedevice.io/serial"
 FUSE = "demo.kubedevice.io/fuse"
@@ -60,14 +76,23 @@ resources:
 """
 
 
-def _pod(name: str, resource: str, count: int) -> dict[str, Any]:
+def pod_manifest(
+    name: str,
+    resource: str,
+    count: int,
+    *,
+    namespace: str = "default",
+    container: str = "main",
+    image: str = "busybox",
+) -> dict[str, Any]:
+    """A one-container pod manifest asking for ``count`` of ``resource``."""
     limits = {resource: str(count)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]
+            "containers": [{"name": container, "image": image, "resources": {"limits": limits}}]
         },
     }
 
@@ -86,7 +111,9 @@ class DemoResult:
     plugin_exit_code: int | None = None
 
 
-class _Narrator:
+class Narrator:
+    """Prints numbered, timed steps and indented blocks through ``out``."""
+
     def __init__(self, out: Callable[[str], None]) -> None:
         self._out = out
         self._n = 0
@@ -102,9 +129,16 @@ class _Narrator:
     def block(self, text: str) -> None:
         self._out("\n".join("   " + line if line else "" for line in text.splitlines()))
 
+    def summary(self, result: DemoResult) -> None:
+        """The closing step: every measured timing, in milliseconds."""
+        self.step("Summary")
+        for what, seconds in result.timings.items():
+            self.say(f"   {what:<36} {seconds * 1000:8.1f} ms")
+
 
 @contextlib.contextmanager
-def _workdir(keep: Path | None) -> Iterator[Path]:
+def open_workdir(keep: Path | None) -> Iterator[Path]:
+    """``keep`` (created if needed), or a temp dir under /tmp removed afterwards."""
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         yield keep
@@ -142,13 +176,60 @@ def _logs_to_file(path: Path) -> Iterator[None]:
         handler.close()
 
 
-async def _timed(what: str, awaitable: Any, result: DemoResult) -> None:
+async def timed(what: str, awaitable: Any, result: DemoResult) -> float:
+    """Await ``awaitable``, record how long it took as ``result.timings[what]``, return it.
+
+    Raises:
+        DemoError: It timed out.
+    """
     start = time.monotonic()
     try:
         await awaitable
     except TimeoutError:
         raise DemoError(f"timed out after {STEP_TIMEOUT_S:.0f}s waiting for: {what}") from None
     result.timings[what] = time.monotonic() - start
+    return result.timings[what]
+
+
+async def terminate_plugin(plugin: asyncio.subprocess.Process, result: DemoResult) -> None:
+    """SIGTERM the plugin process and record its exit code.
+
+    Raises:
+        DemoError: It did not exit within the step timeout.
+    """
+    plugin.terminate()
+    try:
+        async with asyncio.timeout(STEP_TIMEOUT_S):
+            result.plugin_exit_code = await plugin.wait()
+    except TimeoutError:
+        raise DemoError("the plugin did not exit within 10s of SIGTERM") from None
+
+
+async def kill_plugin(plugin: asyncio.subprocess.Process | None) -> None:
+    """Kill the plugin process if it is still running (clean-up after a failed step)."""
+    if plugin is not None and plugin.returncode is None:
+        plugin.kill()
+        await plugin.wait()
+
+
+def check_plugin_exit(result: DemoResult, log_path: Path) -> None:
+    """Raise :class:`DemoError` with the tail of the plugin's log unless it exited 0."""
+    if result.plugin_exit_code != 0:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise DemoError(f"plugin exited with {result.plugin_exit_code}; its log:\n{tail}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(url: str) -> str:
+    """GET ``url`` (a metrics endpoint) and return the body as text (blocking)."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
 
 
 def _registrations(emu: Emulator, since: float) -> set[str]:
@@ -157,7 +238,8 @@ def _registrations(emu: Emulator, since: float) -> set[str]:
     }
 
 
-def _health(emu: Emulator, resource: str, device: str) -> str | None:
+def device_health(emu: Emulator, resource: str, device: str) -> str | None:
+    """The health the node reports for ``device`` of ``resource`` (``None``: not listed)."""
     status = emu.node().resources.get(resource)
     if status is None:
         return None
@@ -180,8 +262,8 @@ async def run_demo(
         DemoError: A step did not reach its expected state within its timeout.
     """
     result = DemoResult()
-    say = _Narrator(out)
-    with _workdir(workdir) as root, _logs_to_file(root / "emulator.log"):
+    say = Narrator(out)
+    with open_workdir(workdir) as root, _logs_to_file(root / "emulator.log"):
         host = FakeHost(root / "host")
         dp_dir = root / "kubelet" / "device-plugins"
         dp_dir.mkdir(parents=True, exist_ok=True)
@@ -219,12 +301,12 @@ async def run_demo(
                     stdout=log_file,
                     stderr=log_file,
                 )
-            await _timed(
+            await timed(
                 "start to registered",
                 emu.wait_until(lambda: _registrations(emu, t_start) >= {SERIAL, FUSE}, 15.0),
                 result,
             )
-            await _timed(
+            await timed(
                 "registered to capacity",
                 emu.wait_until(
                     lambda: (
@@ -251,7 +333,7 @@ async def run_demo(
                 ("greedy", SERIAL, 1),
             ):
                 try:
-                    await emu.apply_pod(_pod(name, resource, count))
+                    await emu.apply_pod(pod_manifest(name, resource, count))
                     result.admitted.append(name)
                     say.say(f"   pod/{name} ({count} x {resource}) admitted")
                 except AdmissionError as exc:
@@ -262,9 +344,11 @@ async def run_demo(
             modem = emu.pod("modem").container("main").devices[SERIAL][0]
             say.step(f"Unplugging /dev/{modem} (allocated to pod/modem)")
             host.remove(f"/dev/{modem}")
-            await _timed(
+            await timed(
                 "unplug to Unhealthy",
-                emu.wait_until(lambda: _health(emu, SERIAL, modem) == "Unhealthy", STEP_TIMEOUT_S),
+                emu.wait_until(
+                    lambda: device_health(emu, SERIAL, modem) == "Unhealthy", STEP_TIMEOUT_S
+                ),
                 result,
             )
             say.say(
@@ -276,9 +360,11 @@ async def run_demo(
 
             say.step(f"Plugging /dev/{modem} back in")
             host.add_char_device(f"/dev/{modem}", numa_node=0, subsystem="tty")
-            await _timed(
+            await timed(
                 "replug to Healthy",
-                emu.wait_until(lambda: _health(emu, SERIAL, modem) == "Healthy", STEP_TIMEOUT_S),
+                emu.wait_until(
+                    lambda: device_health(emu, SERIAL, modem) == "Healthy", STEP_TIMEOUT_S
+                ),
                 result,
             )
             say.say(
@@ -289,14 +375,14 @@ async def run_demo(
             say.step("Simulated kubelet restart (sockets wiped, checkpoint re-read)")
             t_restart = time.monotonic()
             await emu.restart()
-            await _timed(
+            await timed(
                 "kubelet restart to re-registered",
                 emu.wait_until(
                     lambda: _registrations(emu, t_restart) >= {SERIAL, FUSE}, STEP_TIMEOUT_S
                 ),
                 result,
             )
-            await _timed(
+            await timed(
                 "kubelet restart to capacity back",
                 emu.wait_until(
                     lambda: emu.node().allocatable() == {SERIAL: 3, FUSE: 4}, STEP_TIMEOUT_S
@@ -315,12 +401,7 @@ async def run_demo(
                 say.block(runtime_text(pod.to_dict(), with_table=False))
 
             say.step("Stopping the plugin with SIGTERM")
-            plugin.terminate()
-            try:
-                async with asyncio.timeout(STEP_TIMEOUT_S):
-                    result.plugin_exit_code = await plugin.wait()
-            except TimeoutError:
-                raise DemoError("the plugin did not exit within 10s of SIGTERM") from None
+            await terminate_plugin(plugin, result)
             await emu.wait_until(lambda: emu.node().allocatable().get(SERIAL) == 0, STEP_TIMEOUT_S)
             leftovers = sorted(p.name for p in dp_dir.iterdir() if p.name.endswith(".sock"))
             say.say(
@@ -328,16 +409,10 @@ async def run_demo(
                 f"{', '.join(leftovers)} (the kubelet's own); allocatable now 0"
             )
         finally:
-            if plugin is not None and plugin.returncode is None:
-                plugin.kill()
-                await plugin.wait()
+            await kill_plugin(plugin)
             await emu.stop()
-        if result.plugin_exit_code != 0:
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise DemoError(f"plugin exited with {result.plugin_exit_code}; its log:\n{tail}")
+        check_plugin_exit(result, log_path)
 
-    say.step("Summary")
-    for what, seconds in result.timings.items():
-        say.say(f"   {what:<36} {seconds * 1000:8.1f} ms")
+    say.summary(result)
     say.say(f"   admitted: {', '.join(result.admitted)}; rejected: {', '.join(result.rejected)}")
     return result

@@ -15,15 +15,27 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kubedevice.demo import DemoError, DemoResult, _Narrator, _workdir
+from kubedevice.demo import (
+    STEP_TIMEOUT_S,
+    DemoError,
+    DemoResult,
+    Narrator,
+    check_plugin_exit,
+    device_health,
+    free_port,
+    kill_plugin,
+    open_workdir,
+    pod_manifest,
+    scrape,
+    terminate_plugin,
+    timed,
+)
 from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.render import node_text, pods_table
 from kubedevice.kubelet.types import RegistrationEvent
@@ -34,7 +46,6 @@ __all__ = ["run_gpu_demo"]
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
 MACHINE = "dgx-8gpu"
-STEP_TIMEOUT_S = 10.0
 
 CONFIG = """\
 version: v1
@@ -57,43 +68,7 @@ sharing:
 
 
 def _pod(name: str, resource: str, count: int) -> dict[str, Any]:
-    limits = {resource: str(count)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml"},
-        "spec": {
-            "containers": [{"name": "train", "image": "cuda", "resources": {"limits": limits}}]
-        },
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return str(resp.read().decode())
-
-
-def _health(emu: Emulator, resource: str, device: str) -> str | None:
-    status = emu.node().resources.get(resource)
-    if status is None:
-        return None
-    return next((d.health for d in status.devices if d.id == device), None)
-
-
-async def _timed(what: str, awaitable: Any, result: DemoResult) -> float:
-    start = time.monotonic()
-    try:
-        await awaitable
-    except TimeoutError:
-        raise DemoError(f"timed out after {STEP_TIMEOUT_S:.0f}s waiting for: {what}") from None
-    result.timings[what] = time.monotonic() - start
-    return result.timings[what]
+    return pod_manifest(name, resource, count, namespace="ml", container="train", image="cuda")
 
 
 def _replace(path: Path, text: str) -> None:
@@ -111,8 +86,8 @@ async def run_gpu_demo(
         DemoError: A step did not reach its expected state within its timeout.
     """
     result = DemoResult()
-    say = _Narrator(out)
-    with _workdir(workdir) as root:
+    say = Narrator(out)
+    with open_workdir(workdir) as root:
         say.step(f"Simulated GPU node: fake NVML machine '{MACHINE}'")
         nvml = FakeNvml.from_file(MACHINE)
         machine = nvml.machine
@@ -130,7 +105,7 @@ async def run_gpu_demo(
         config = root / "gpu.yaml"
         config.write_text(CONFIG)
         control = root / "nvml.sock"
-        port = _free_port()
+        port = free_port()
         metrics_url = f"http://127.0.0.1:{port}/metrics"
 
         emu = Emulator(dp_dir, control_socket=False)
@@ -171,7 +146,7 @@ async def run_gpu_demo(
                     stdout=log_file,
                     stderr=log_file,
                 )
-            await _timed(
+            await timed(
                 "start to registered",
                 emu.wait_until(
                     lambda: any(
@@ -215,9 +190,11 @@ async def run_gpu_demo(
             send_control(control, {"op": "xid", "uuid": victim, "xid": 13})
             say.step(f"XID 48 (double-bit ECC) on GPU {index[victim]}, held by pod/notebook")
             send_control(control, {"op": "xid", "uuid": victim, "xid": 48})
-            await _timed(
+            await timed(
                 "XID to Unhealthy",
-                emu.wait_until(lambda: _health(emu, GPU, victim) == "Unhealthy", STEP_TIMEOUT_S),
+                emu.wait_until(
+                    lambda: device_health(emu, GPU, victim) == "Unhealthy", STEP_TIMEOUT_S
+                ),
                 result,
             )
             say.say(
@@ -226,9 +203,11 @@ async def run_gpu_demo(
                 "(one thread blocked in the NVML event wait, no polling); allocatable now "
                 f"{emu.node().allocatable()[GPU]}"
             )
-            await _timed(
+            await timed(
                 "XID to Healthy again",
-                emu.wait_until(lambda: _health(emu, GPU, victim) == "Healthy", STEP_TIMEOUT_S),
+                emu.wait_until(
+                    lambda: device_health(emu, GPU, victim) == "Healthy", STEP_TIMEOUT_S
+                ),
                 result,
             )
             say.say(
@@ -240,7 +219,7 @@ async def run_gpu_demo(
             send_control(
                 control, {"op": "sample", "uuid": victim, "values": {"utilization_gpu": 87}}
             )
-            text = await asyncio.to_thread(_scrape, metrics_url)
+            text = await asyncio.to_thread(scrape, metrics_url)
             shown = [
                 line
                 for line in text.splitlines()
@@ -262,7 +241,7 @@ async def run_gpu_demo(
             for name in ("llm-train", "notebook"):
                 await emu.delete_pod(name, "ml")
             _replace(config, SHARED_CONFIG)
-            await _timed(
+            await timed(
                 "config edit to replicas served",
                 emu.wait_until(lambda: emu.node().allocatable().get(SHARED) == 32, STEP_TIMEOUT_S),
                 result,
@@ -280,23 +259,12 @@ async def run_gpu_demo(
             say.say(f"   -> replicas spread over GPUs {gpus} first")
 
             say.step("Stopping the plugin with SIGTERM")
-            plugin.terminate()
-            try:
-                async with asyncio.timeout(STEP_TIMEOUT_S):
-                    result.plugin_exit_code = await plugin.wait()
-            except TimeoutError:
-                raise DemoError("the plugin did not exit within 10s of SIGTERM") from None
+            await terminate_plugin(plugin, result)
             say.say(f"   exit code {result.plugin_exit_code}")
         finally:
-            if plugin is not None and plugin.returncode is None:
-                plugin.kill()
-                await plugin.wait()
+            await kill_plugin(plugin)
             await emu.stop()
-        if result.plugin_exit_code != 0:
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise DemoError(f"plugin exited with {result.plugin_exit_code}; its log:\n{tail}")
+        check_plugin_exit(result, log_path)
 
-    say.step("Summary")
-    for what, seconds in result.timings.items():
-        say.say(f"   {what:<36} {seconds * 1000:8.1f} ms")
+    say.summary(result)
     return result
