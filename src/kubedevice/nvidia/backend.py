@@ -18,10 +18,13 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 __all__ = [
+    "ARCHITECTURE_NAMES",
+    "BRAND_NAMES",
     "DriverInfo",
     "EventKind",
     "GpuInfo",
@@ -33,6 +36,39 @@ __all__ = [
     "P2PLevel",
     "ProcessSample",
 ]
+
+#: NVML brand values (nvmlBrandType_t) -> the names :attr:`GpuInfo.brand` holds.
+BRAND_NAMES: Final[Mapping[int, str]] = {
+    0: "unknown",
+    1: "quadro",
+    2: "tesla",
+    3: "nvs",
+    4: "grid",
+    5: "geforce",
+    6: "titan",
+    7: "nvidia-vapps",
+    8: "nvidia-vpc",
+    9: "nvidia-vcs",
+    10: "nvidia-vws",
+    11: "nvidia-cloud-gaming",
+    12: "quadro-rtx",
+    13: "nvidia-rtx",
+    14: "nvidia",
+    15: "geforce-rtx",
+    16: "titan-rtx",
+}
+#: NVML architecture values (nvmlDeviceArchitecture_t) -> :attr:`GpuInfo.architecture`.
+ARCHITECTURE_NAMES: Final[Mapping[int, str]] = {
+    2: "kepler",
+    3: "maxwell",
+    4: "pascal",
+    5: "volta",
+    6: "turing",
+    7: "ampere",
+    8: "ada",
+    9: "hopper",
+    10: "blackwell",
+}
 
 
 @dataclass(frozen=True, slots=True)

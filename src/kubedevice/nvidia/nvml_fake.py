@@ -40,6 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.nvidia.backend import (
+    ARCHITECTURE_NAMES,
+    BRAND_NAMES,
     DriverInfo,
     EventKind,
     GpuInfo,
@@ -76,37 +78,6 @@ _MIB = 1024 * 1024
 _CONTROL_OPS = ("xid", "ecc", "lost", "recover", "sample")
 _SAMPLE_FIELDS = frozenset(f.name for f in dataclasses.fields(GpuSample))
 
-# NVML enum values as a recording stores them (nvmlBrandType_t, nvmlDeviceArchitecture_t).
-_BRANDS = {
-    0: "unknown",
-    1: "quadro",
-    2: "tesla",
-    3: "nvs",
-    4: "grid",
-    5: "geforce",
-    6: "titan",
-    7: "nvidia-vapps",
-    8: "nvidia-vpc",
-    9: "nvidia-vcs",
-    10: "nvidia-vws",
-    11: "nvidia-cloud-gaming",
-    12: "quadro-rtx",
-    13: "nvidia-rtx",
-    14: "nvidia",
-    15: "geforce-rtx",
-    16: "titan-rtx",
-}
-_ARCHS = {
-    2: "kepler",
-    3: "maxwell",
-    4: "pascal",
-    5: "volta",
-    6: "turing",
-    7: "ampere",
-    8: "ada",
-    9: "hopper",
-    10: "blackwell",
-}
 _EVENT_MASK = 0x2 | 0x8  # nvmlEventTypeDoubleBitEccError | nvmlEventTypeXidCriticalError
 
 
@@ -273,8 +244,8 @@ def _parse_recording(raw: dict[str, Any], path: Path) -> FakeMachine:
                 memory_total=int(mem["total"]) if isinstance(mem, dict) and "total" in mem else 0,
                 pci_bus_id=bus_id,
                 compute_capability=(int(cc[0]), int(cc[1])) if isinstance(cc, list) else (0, 0),
-                architecture=_ARCHS.get(d.get("arch", -1), "unknown"),
-                brand=_BRANDS.get(d.get("brand", -1), "unknown"),
+                architecture=ARCHITECTURE_NAMES.get(d.get("arch", -1), "unknown"),
+                brand=BRAND_NAMES.get(d.get("brand", -1), "unknown"),
                 mig_capable=mig_capable,
                 mig_enabled=bool(mig_capable and mig_mode and mig_mode[0] == 1),
                 serial=str(d["serial"]) if isinstance(d.get("serial"), str) else None,

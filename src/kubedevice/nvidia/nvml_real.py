@@ -37,6 +37,8 @@ from typing import Any
 
 from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import (
+    ARCHITECTURE_NAMES,
+    BRAND_NAMES,
     DriverInfo,
     EventKind,
     GpuInfo,
@@ -60,36 +62,6 @@ _OPTIONAL_CODES = frozenset({"NotSupported", "FunctionNotFound"})
 _FATAL_CODES = frozenset(
     {"Uninitialized", "DriverNotLoaded", "LibraryNotFound", "LibRmVersionMismatch"}
 )
-_BRANDS = {
-    0: "unknown",
-    1: "quadro",
-    2: "tesla",
-    3: "nvs",
-    4: "grid",
-    5: "geforce",
-    6: "titan",
-    7: "nvidia-vapps",
-    8: "nvidia-vpc",
-    9: "nvidia-vcs",
-    10: "nvidia-vws",
-    11: "nvidia-cloud-gaming",
-    12: "quadro-rtx",
-    13: "nvidia-rtx",
-    14: "nvidia",
-    15: "geforce-rtx",
-    16: "titan-rtx",
-}
-_ARCHS = {
-    2: "kepler",
-    3: "maxwell",
-    4: "pascal",
-    5: "volta",
-    6: "turing",
-    7: "ampere",
-    8: "ada",
-    9: "hopper",
-    10: "blackwell",
-}
 _MINOR_RE = re.compile(r"DeviceFileMinor:\s*(\d+)")
 
 
@@ -289,8 +261,10 @@ class RealNvml:
             memory_total=int(mem.total),
             pci_bus_id=_sysfs_bus_id(bus),
             compute_capability=(int(cc[0]), int(cc[1])) if cc else (0, 0),
-            architecture=_ARCHS.get(int(arch), "unknown") if arch is not None else "unknown",
-            brand=_BRANDS.get(int(brand), "unknown") if brand is not None else "unknown",
+            architecture=ARCHITECTURE_NAMES.get(int(arch), "unknown")
+            if arch is not None
+            else "unknown",
+            brand=BRAND_NAMES.get(int(brand), "unknown") if brand is not None else "unknown",
             mig_capable=mig is not None,
             mig_enabled=bool(mig is not None and int(mig[0]) == 1),
             serial=_text(serial) if serial else None,
