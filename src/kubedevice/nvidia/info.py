@@ -21,6 +21,7 @@ from kubedevice.nvidia.backend import (
     NvmlBackend,
     P2PLevel,
 )
+from kubedevice.nvidia.devices import read_numa_node  # re-exported: part of this API
 from kubedevice.nvidia.labels import compute_labels
 from kubedevice.nvidia.topology import build_topology
 
@@ -45,16 +46,6 @@ LEGEND = {
     "SYS": "PCIe and the SMP interconnect between NUMA nodes (e.g. QPI/UPI)",
     "N/A": "NVML cannot tell",
 }
-
-
-def read_numa_node(sys_root: Path, pci_bus_id: str) -> int | None:
-    """``<sys_root>/bus/pci/devices/<bus id>/numa_node``; ``None`` for -1, absent or junk."""
-    try:
-        text = (sys_root / "bus" / "pci" / "devices" / pci_bus_id / "numa_node").read_text()
-        node = int(text.strip())
-    except (OSError, ValueError):
-        return None
-    return node if node >= 0 else None
 
 
 def link_cell(link: Link | None) -> str:
