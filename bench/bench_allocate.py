@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -34,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from _common import PY, ROOT, cpu_model, spawn_ready, terminate_all
 
 from kubedevice._api import dp, dp_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
 REQUEST = dp.AllocateRequest(
     container_requests=[dp.ContainerAllocateRequest(devices_ids=["counter-0"])]
 )
@@ -152,13 +150,7 @@ def main() -> None:
     try:
         for kind in ("aio", "sync"):
             sock = str(root / f"{kind}.sock")
-            proc = subprocess.Popen(
-                [PY, __file__, "--serve", kind, sock], stdout=subprocess.PIPE, text=True
-            )
-            procs.append(proc)
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "READY":
-                raise RuntimeError(f"bare {kind} server did not start")
+            procs.append(spawn_ready([PY, __file__, "--serve", kind, sock], f"bare {kind} server"))
             socks[f"bare-{kind}"] = sock
         dp_dir = root / "dp"
         dp_dir.mkdir()
@@ -186,7 +178,7 @@ def main() -> None:
             "calls_per_round": args.calls,
             "rounds": args.rounds,
             "python": sys.version.split()[0],
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "servers": {
                 name: {
                     "p50_us_median_of_rounds": round(statistics.median(r[0] for r in rs), 1),
@@ -205,21 +197,8 @@ def main() -> None:
         )
         print(json.dumps(result, indent=2))
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        terminate_all(procs)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"{os.cpu_count()} x {line.split(':', 1)[1].strip()}"
-    return f"{os.cpu_count()} CPUs"
 
 
 if __name__ == "__main__":

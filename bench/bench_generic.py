@@ -30,11 +30,11 @@ from typing import Any
 import grpc
 import psutil
 import yaml
+from _common import KUBEDEVICE, measure_idle_cpu_ms, pct, stop_process
 
 from kubedevice._api import KUBELET_SOCKET, dp, dp_grpc
 from kubedevice.generic import FakeHost
 
-KUBEDEVICE = str(Path(sys.executable).parent / "kubedevice")
 RESOURCE = "example.com/bench"
 
 
@@ -114,17 +114,6 @@ async def _spawn(config: Path, plugin_dir: Path) -> asyncio.subprocess.Process:
     )  # fmt: skip
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 10)
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 async def bench_startup(runs: int) -> dict[str, float]:
     times = []
     rss_one: list[float] = []
@@ -146,7 +135,7 @@ async def bench_startup(runs: int) -> dict[str, float]:
                 times.append((kubelet.registered_at - t0, t_list - t0))
                 rss_one.append(psutil.Process(proc.pid).memory_info().rss / 1e6)
             finally:
-                await _stop(proc)
+                await stop_process(proc)
                 await kubelet.stop()
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -176,10 +165,7 @@ async def bench_daemon(devices: int, changes: int, idle_seconds: float) -> dict[
             rss_mb = ps.memory_info().rss / 1e6
             uss_mb = ps.memory_full_info().uss / 1e6
             # idle CPU: nothing changes, the daemon should not wake up
-            cpu0 = ps.cpu_times()
-            await asyncio.sleep(idle_seconds)  # measuring idle time is the point here
-            cpu1 = ps.cpu_times()
-            idle_cpu_ms = ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) * 1000
+            idle_cpu_ms = await measure_idle_cpu_ms(ps, idle_seconds)
             # hot-plug latency with `devices` devices present
             lat: list[float] = []
             for i in range(changes):
@@ -214,17 +200,17 @@ async def bench_daemon(devices: int, changes: int, idle_seconds: float) -> dict[
                     health.append(t1 - t0)
             rss_after_mb = ps.memory_info().rss / 1e6
         finally:
-            await _stop(proc)
+            await stop_process(proc)
             await kubelet.stop()
         return {
             "devices": devices,
             "hotplug_samples": len(lat),
-            "hotplug_latency_ms_p50": _pct(lat, 0.50) * 1000,
-            "hotplug_latency_ms_p99": _pct(lat, 0.99) * 1000,
+            "hotplug_latency_ms_p50": pct(lat, 0.50) * 1000,
+            "hotplug_latency_ms_p99": pct(lat, 0.99) * 1000,
             "hotplug_latency_ms_max": max(lat) * 1000,
             "health_samples": len(health),
-            "health_change_latency_ms_p50": _pct(health, 0.50) * 1000,
-            "health_change_latency_ms_p99": _pct(health, 0.99) * 1000,
+            "health_change_latency_ms_p50": pct(health, 0.50) * 1000,
+            "health_change_latency_ms_p99": pct(health, 0.99) * 1000,
             "rss_mb_1000_devices": rss_mb,
             "uss_mb_1000_devices": uss_mb,
             "rss_mb_after_hotplug": rss_after_mb,

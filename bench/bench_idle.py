@@ -31,10 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
-ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
-KUBEDEVICE = str(Path(PY).parent / "kubedevice")
+from _common import (
+    KUBEDEVICE,
+    PY,
+    ROOT,
+    cpu_model,
+    spawn_ready,
+    start_emulator,
+    terminate_all,
+    wait_allocatable,
+    write_generic_config,
+)
 
 # name -> (server kind, extra environment, description)
 VARIANTS: dict[str, tuple[str, dict[str, str], str]] = {
@@ -194,14 +201,6 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # start-up of child processes; not part of what is measured
-
-
 def _hold_stream(sock: str) -> tuple[grpc.Channel, Any]:
     from kubedevice._api import dp, dp_grpc
 
@@ -214,18 +213,7 @@ def _hold_stream(sock: str) -> tuple[grpc.Channel, Any]:
 
 def _generic_config(root: Path) -> Path:
     """A config for 4 fake character devices in a fake /dev tree (no hardware needed)."""
-    from kubedevice.generic import FakeHost
-
-    host = FakeHost(root / "host")
-    for i in range(4):
-        host.add_char_device(f"/dev/idle/dev{i}")
-    cfg = root / "generic.yaml"
-    cfg.write_text(
-        f"version: v1\ndevRoot: {host.dev_root}\nsysRoot: {host.sys_root}\n"
-        "resources:\n  - name: example.com/idle\n    groups:\n"
-        "      - paths:\n          - path: /dev/idle/*\n"
-    )
-    return cfg
+    return write_generic_config(root, "idle", (f"dev{i}" for i in range(4)))
 
 
 def main() -> None:
@@ -254,15 +242,9 @@ def main() -> None:
                     skipped[name] = "grpclib not installed"
                     continue
             sock = str(root / f"{name}.sock")
-            procs[name] = subprocess.Popen(
-                [PY, __file__, "--serve", kind, sock],
-                env={**os.environ, **env},
-                stdout=subprocess.PIPE,
-                text=True,
+            procs[name] = spawn_ready(
+                [PY, __file__, "--serve", kind, sock], name, env={**os.environ, **env}
             )
-            assert procs[name].stdout is not None
-            if procs[name].stdout.readline().strip() != "READY":
-                raise RuntimeError(f"{name} did not start")
             holders.append(_hold_stream(sock))
         # the products: each plugin with its own emulator (which holds the stream)
         products = {
@@ -275,28 +257,11 @@ def main() -> None:
             d = root / name / "device-plugins"
             d.mkdir(parents=True)
             env = {**os.environ, "DP_DEVICE_PLUGIN_DIR": str(d)}
-            emu = subprocess.Popen(
-                [KUBEDEVICE, "kubelet"], env=env, stderr=subprocess.DEVNULL, text=True
-            )
-            procs[f"emulator[{name}]"] = emu
-            _wait_for(lambda d=d: (d / "kubelet.sock").is_socket(), 30, "the emulator")
+            procs[f"emulator[{name}]"] = start_emulator(d, env)
             plugin = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, text=True)
             procs[name] = plugin
-            subprocess.run(
-                [
-                    KUBEDEVICE,
-                    "node",
-                    "--wait-for",
-                    "example.com/" + ("counter" if name == "sdk-example" else "idle"),
-                    "--allocatable",
-                    "4",
-                    "--timeout",
-                    "30",
-                ],
-                env=env,
-                check=True,
-                stdout=subprocess.DEVNULL,
-            )
+            resource = "example.com/" + ("counter" if name == "sdk-example" else "idle")
+            wait_allocatable(env, resource, 4, 30)
         time.sleep(args.settle)  # let start-up work finish before the window opens
         before = {n: _cpu_ns_and_wakeups(p.pid) for n, p in procs.items()}
         t0 = time.monotonic()
@@ -310,7 +275,7 @@ def main() -> None:
             "unit": "per 60 s, one ListAndWatch stream open",
             "python": sys.version.split()[0],
             "grpcio": grpc.__version__,
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "target_cpu_ms_per_60s": 30,
             "results": {},
             "skipped": skipped,
@@ -329,21 +294,8 @@ def main() -> None:
     finally:
         for channel, _ in holders:
             channel.close()
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        terminate_all(procs.values())
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"{os.cpu_count()} x {line.split(':', 1)[1].strip()}"
-    return f"{os.cpu_count()} CPUs"
 
 
 if __name__ == "__main__":

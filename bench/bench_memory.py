@@ -27,9 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
-KUBEDEVICE = str(Path(PY).parent / "kubedevice")
+from _common import (
+    KUBEDEVICE,
+    PY,
+    ROOT,
+    cpu_model,
+    start_emulator,
+    wait_allocatable,
+    write_generic_config,
+)
 
 IMPORT_STEPS = [
     "asyncio",  # loads OpenSSL through asyncio's ssl support
@@ -115,48 +121,18 @@ def _status_mb(pid: int) -> dict[str, float]:
 
 
 def _generic_config(root: Path, devices: int) -> Path:
-    from kubedevice.generic import FakeHost
-
-    host = FakeHost(root / "host")
-    for i in range(devices):
-        host.add_char_device(f"/dev/mem/dev{i:04d}")
-    cfg = root / "generic.yaml"
-    cfg.write_text(
-        f"version: v1\ndevRoot: {host.dev_root}\nsysRoot: {host.sys_root}\n"
-        "resources:\n  - name: example.com/mem\n    groups:\n"
-        "      - paths:\n          - path: /dev/mem/*\n"
-    )
-    return cfg
+    return write_generic_config(root, "mem", (f"dev{i:04d}" for i in range(devices)))
 
 
 def _measure(root: Path, name: str, cmd: list[str], resource: str, count: int) -> dict[str, Any]:
     d = root / name / "device-plugins"
     d.mkdir(parents=True)
     env = {**os.environ, "DP_DEVICE_PLUGIN_DIR": str(d)}
-    emu = subprocess.Popen([KUBEDEVICE, "kubelet"], env=env, stderr=subprocess.DEVNULL)
+    emu = start_emulator(d, env)
     plugin: subprocess.Popen[bytes] | None = None
     try:
-        deadline = time.monotonic() + 30
-        while not (d / "kubelet.sock").is_socket():  # start-up only
-            if time.monotonic() > deadline:
-                raise RuntimeError("the emulator did not start")
-            time.sleep(0.05)
         plugin = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
-        subprocess.run(
-            [
-                KUBEDEVICE,
-                "node",
-                "--wait-for",
-                resource,
-                "--allocatable",
-                str(count),
-                "--timeout",
-                "60",
-            ],
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        wait_allocatable(env, resource, count, 60)
         time.sleep(1.0)  # let start-up garbage settle before reading the steady state
         return {"devices": count, **_status_mb(plugin.pid)}
     finally:
@@ -194,7 +170,7 @@ def main() -> None:
         result = {
             "bench": "memory",
             "python": sys.version.split()[0],
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "targets_rss_mb": {"sdk-example": 38, "generic-plugin-1000": 40},
             "imports": _imports(),
             "processes": processes,
@@ -202,13 +178,6 @@ def main() -> None:
         print(json.dumps(result, indent=2))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return f"{os.cpu_count()} x {line.split(':', 1)[1].strip()}"
-    return f"{os.cpu_count()} CPUs"
 
 
 if __name__ == "__main__":

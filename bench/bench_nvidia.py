@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,20 +31,15 @@ from typing import Any
 
 import grpc
 import psutil
+from _common import KUBEDEVICE, measure_idle_cpu_ms, pct, stop_process
 
 from kubedevice._api import dp, dp_grpc
 from kubedevice.kubelet import Emulator, RegistrationEvent
 from kubedevice.nvidia.nvml_fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
 
-KUBEDEVICE = str(Path(sys.executable).parent / "kubedevice")
 GPU = "nvidia.com/gpu"
 MACHINE = "dgx-8gpu"
 CONFIG = "version: v1\nhealth:\n  quietPeriod: 20ms\n"
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Host:
@@ -96,17 +90,6 @@ class Host:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.terminate()
-        try:
-            async with asyncio.timeout(10):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
-
 async def bench_startup(runs: int) -> dict[str, float]:
     samples: list[float] = []
     for _ in range(runs):
@@ -126,7 +109,7 @@ async def bench_startup(runs: int) -> dict[str, float]:
                     samples.append((reg.t - t0) * 1000)
                     await emu.wait_for_resource(GPU, allocatable=8, timeout=10)
                 finally:
-                    await _stop(proc)
+                    await stop_process(proc)
         finally:
             host.close()
     return {
@@ -182,22 +165,19 @@ async def bench_daemon(xids: int, preferred: int, idle_seconds: float) -> dict[s
                 rss_mb = ps.memory_info().rss / 1e6
                 uss_mb = ps.memory_full_info().uss / 1e6
                 # idle: the event thread blocks, the kubelet's stream stays open
-                cpu0 = ps.cpu_times()
-                await asyncio.sleep(idle_seconds)  # measuring idle time is the point here
-                cpu1 = ps.cpu_times()
-                idle_cpu_ms = ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) * 1000
+                idle_cpu_ms = await measure_idle_cpu_ms(ps, idle_seconds)
             finally:
-                await _stop(proc)
+                await stop_process(proc)
     finally:
         host.close()
     return {
-        "xid_to_unhealthy_ms_p50": _pct(lat, 0.5),
-        "xid_to_unhealthy_ms_p99": _pct(lat, 0.99),
+        "xid_to_unhealthy_ms_p50": pct(lat, 0.5),
+        "xid_to_unhealthy_ms_p99": pct(lat, 0.99),
         "xid_to_unhealthy_ms_max": max(lat),
         "xid_to_unhealthy_ms_first": lat[0],
         "xid_samples": len(lat),
-        "preferred_allocation_8gpu_ms_p50": _pct(pref, 0.5),
-        "preferred_allocation_8gpu_ms_p99": _pct(pref, 0.99),
+        "preferred_allocation_8gpu_ms_p50": pct(pref, 0.5),
+        "preferred_allocation_8gpu_ms_p99": pct(pref, 0.99),
         "idle_seconds": idle_seconds,
         "idle_cpu_ms": idle_cpu_ms,
         "idle_cpu_ms_per_60s": idle_cpu_ms * 60.0 / idle_seconds,

@@ -1,0 +1,138 @@
+"""Helpers the bench scripts share: paths, the machine description, child processes, figures.
+
+Imported by the scripts in this folder as ``_common`` (a script's own folder is first on
+``sys.path`` when it is run as ``python bench/bench_x.py``); not a benchmark itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+KUBEDEVICE = str(Path(PY).parent / "kubedevice")
+
+
+def cpu_model() -> str:
+    """``"<count> x <model name>"`` of this machine's CPUs, from /proc/cpuinfo."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{os.cpu_count()} x {line.split(':', 1)[1].strip()}"
+    return f"{os.cpu_count()} CPUs"
+
+
+def pct(samples: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``samples``: the nearest rank, no interpolation."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds (child process start-up, not what is measured)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # start-up of child processes; not part of what is measured
+
+
+def spawn_ready(
+    args: list[str], what: str, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start a child that prints ``READY`` once it serves; return it when it has."""
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "READY":
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{what} did not start")
+    return proc
+
+
+def terminate_all(procs: Iterable[subprocess.Popen[Any]]) -> None:
+    """SIGTERM every process, then wait up to 10 s for each (killing one that lingers)."""
+    procs = list(procs)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def start_emulator(plugin_dir: Path, env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """``kubedevice kubelet`` on ``plugin_dir`` (``env`` names it), once its socket exists."""
+    emu = subprocess.Popen([KUBEDEVICE, "kubelet"], env=env, stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_for(lambda: (plugin_dir / "kubelet.sock").is_socket(), 30, "the emulator")
+    except BaseException:
+        emu.kill()
+        emu.wait()
+        raise
+    return emu
+
+
+def wait_allocatable(env: Mapping[str, str], resource: str, count: int, timeout: float) -> None:
+    """Block until the emulator ``env`` names shows ``count`` allocatable ``resource``."""
+    subprocess.run(
+        [
+            KUBEDEVICE,
+            "node",
+            "--wait-for",
+            resource,
+            "--allocatable",
+            str(count),
+            "--timeout",
+            str(timeout),
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def write_generic_config(root: Path, name: str, devices: Iterable[str]) -> Path:
+    """A fake /dev tree with ``/dev/<name>/<device>`` nodes and a generic config for them.
+
+    The resource is ``example.com/<name>``; no hardware is needed.
+    """
+    from kubedevice.generic import FakeHost
+
+    host = FakeHost(root / "host")
+    for device in devices:
+        host.add_char_device(f"/dev/{name}/{device}")
+    cfg = root / "generic.yaml"
+    cfg.write_text(
+        f"version: v1\ndevRoot: {host.dev_root}\nsysRoot: {host.sys_root}\n"
+        f"resources:\n  - name: example.com/{name}\n    groups:\n"
+        f"      - paths:\n          - path: /dev/{name}/*\n"
+    )
+    return cfg
+
+
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM ``proc`` and wait up to 10 s, then kill it."""
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            async with asyncio.timeout(10):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def measure_idle_cpu_ms(ps: Any, seconds: float) -> float:
+    """CPU milliseconds (user + system) the ``psutil.Process`` ``ps`` uses in ``seconds``."""
+    cpu0 = ps.cpu_times()
+    await asyncio.sleep(seconds)  # measuring idle time is the point here
+    cpu1 = ps.cpu_times()
+    return float(((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) * 1000)
