@@ -14,7 +14,6 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from kubedevice.errors import ConfigError, KubeDeviceError
@@ -23,7 +22,7 @@ from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
 from kubedevice.generic.watcher import DirWatcher, FileChanges, file_digest
-from kubedevice.plugin.daemon import Reloader, run_daemon, serve_metrics
+from kubedevice.plugin.daemon import PluginDaemon, run_daemon, serve_metrics
 from kubedevice.plugin.metrics import PluginMetrics, parse_metrics_address
 from kubedevice.plugin.server import PluginServer
 
@@ -35,7 +34,7 @@ log = logging.getLogger(__name__)
 _MAX_PARALLEL_CHECKS = 16
 
 
-class GenericPlugins:
+class GenericPlugins(PluginDaemon):
     """Every resource of a generic config, served on one SDK plugin server.
 
     Use as an async context manager (or call :meth:`start` / :meth:`stop`).
@@ -61,6 +60,7 @@ class GenericPlugins:
         dev_root: str | None = None,
         sys_root: str | None = None,
     ) -> None:
+        super().__init__(log, "new config rejected; the old one keeps running:\n%s")
         self._roots = (dev_root, sys_root)
         config = config.with_roots(dev_root, sys_root)
         self._config = config
@@ -79,23 +79,9 @@ class GenericPlugins:
         self._health_kicks: dict[tuple[str, int], asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: DirWatcher | None = None
-        self._reloader = Reloader(
-            self.reload, log, "new config rejected; the old one keeps running:\n%s"
-        )
         self._reload_lock = asyncio.Lock()  # one reload at a time (SIGHUP, file, callers)
-        self._started = False
-        self._stopped = False
 
     # ----------------------------------------------------------------- lifecycle
-
-    async def __aenter__(self) -> GenericPlugins:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     @property
     def config(self) -> Config:
@@ -111,19 +97,8 @@ class GenericPlugins:
         """The plugin serving ``resource``."""
         return self._plugins[resource]
 
-    async def start(self) -> None:
-        """Scan, start serving and registering every resource, and start the watchers."""
-        if self._started:
-            raise RuntimeError("GenericPlugins can be started only once")
-        self._started = True
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()  # release what was set up: sockets, inotify, tasks
-            raise
-        log.info("generic plugin started", extra={"resources": ",".join(self._plugins)})
-
     async def _start(self) -> None:
+        """Scan, start serving and registering every resource, and start the watchers."""
         self._check_roots()
         self._watcher = DirWatcher()
         for res in self._config.resources:
@@ -144,17 +119,15 @@ class GenericPlugins:
             self._tasks.append(
                 asyncio.create_task(self._config_loop(), name="generic: config watch")
             )
+        log.info("generic plugin started", extra={"resources": ",".join(self._plugins)})
 
     def _check_roots(self) -> None:
         for what, root in (("devRoot", self._config.dev_root), ("sysRoot", self._config.sys_root)):
             if not os.path.isdir(root):
                 log.warning("%s %s is not a directory: nothing can be found or watched", what, root)
 
-    async def stop(self) -> None:
-        """Stop watchers and health checks, then the server (idempotent)."""
-        if not self._started or self._stopped:
-            return
-        self._stopped = True
+    async def _stop(self) -> None:
+        """Stop watchers and health checks, then the server."""
         log.info("stopping generic plugin")
         tasks = self._tasks + [t for ts in self._health_tasks.values() for t in ts]
         self._tasks, self._health_tasks = [], {}
@@ -264,19 +237,6 @@ class GenericPlugins:
                     await kick.wait()
 
     # ----------------------------------------------------------------- reload
-
-    def request_reload(self) -> None:
-        """Ask for a reload from the config file (what SIGHUP does)."""
-        self._reloader.request()
-
-    @property
-    def reloads(self) -> int:
-        """How many reload attempts finished (applied or rejected)."""
-        return self._reloader.count
-
-    async def wait_reloaded(self, count: int) -> None:
-        """Wait until at least ``count`` reload attempts have finished (applied or rejected)."""
-        await self._reloader.wait(count)
 
     async def _config_loop(self) -> None:
         assert self._config_path is not None

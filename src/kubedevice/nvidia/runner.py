@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kubedevice.errors import ConfigError, NvmlError
@@ -32,7 +31,7 @@ from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.labels import compute_labels, remove_feature_file, write_feature_file
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import build_topology, preferred_allocation
-from kubedevice.plugin.daemon import Reloader, run_daemon, serve_metrics
+from kubedevice.plugin.daemon import PluginDaemon, run_daemon, serve_metrics
 from kubedevice.plugin.metrics import PluginMetrics
 from kubedevice.plugin.server import PluginServer
 
@@ -105,7 +104,7 @@ class _Derived:
     labels: dict[str, str] | None
 
 
-class GpuPlugins:
+class GpuPlugins(PluginDaemon):
     """The GPU plugin on one node: every GPU resource, served on one SDK plugin server.
 
     Use as an async context manager (or :meth:`start` / :meth:`stop`).
@@ -132,6 +131,7 @@ class GpuPlugins:
         metrics_address: str | None = None,
         wait_timeout_ms: int = 1000,
     ) -> None:
+        super().__init__(log)
         self._overrides = dict(overrides or {})
         self._config = config.with_overrides(**self._overrides)
         self.backend = backend
@@ -155,20 +155,8 @@ class GpuPlugins:
         self._device_gpu: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
-        self._reloader = Reloader(self.reload, log)
-        self._started = False
-        self._stopped = False
 
     # ----------------------------------------------------------------- lifecycle
-
-    async def __aenter__(self) -> GpuPlugins:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     @property
     def config(self) -> Config:
@@ -198,7 +186,7 @@ class GpuPlugins:
         """The plugin serving ``resource``."""
         return self._plugins[resource]
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Start NVML, serve every resource, write the CDI spec, start health and watchers.
 
         Raises:
@@ -206,17 +194,6 @@ class GpuPlugins:
             ConfigError: The config does not fit the hardware (e.g. ``migStrategy: single``
                 on mixed MIG profiles).
         """
-        if self._started:
-            raise RuntimeError("GpuPlugins can be started only once")
-        self._started = True
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
-        log.info("GPU plugin started", extra={"resources": ",".join(self._plugins)})
-
-    async def _start(self) -> None:
         t0 = time.monotonic()
         self.hardware = await asyncio.to_thread(
             enumerate_hardware,
@@ -238,16 +215,14 @@ class GpuPlugins:
                 asyncio.create_task(self._reloader.follow(self._changes), name="nvidia: config")
             )
         log.info("serving %.1f ms after start", (time.monotonic() - t0) * 1000)
+        log.info("GPU plugin started", extra={"resources": ",".join(self._plugins)})
 
     async def _serve_metrics(self, metrics: PluginMetrics, address: str) -> None:
         self._http = serve_metrics(metrics, address)
         log.info("metrics on %s", self.metrics_url)
 
-    async def stop(self) -> None:
-        """Stop the health thread, watchers and the server (idempotent)."""
-        if not self._started or self._stopped:
-            return
-        self._stopped = True
+    async def _stop(self) -> None:
+        """Stop the health thread, watchers and the server."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -426,19 +401,6 @@ class GpuPlugins:
             plugin.refresh()
 
     # ----------------------------------------------------------------- reload
-
-    def request_reload(self) -> None:
-        """Ask for a reload from the config file (what SIGHUP does)."""
-        self._reloader.request()
-
-    @property
-    def reloads(self) -> int:
-        """How many reload attempts finished (applied or rejected)."""
-        return self._reloader.count
-
-    async def wait_reloaded(self, count: int) -> None:
-        """Wait until at least ``count`` reload attempts have finished."""
-        await self._reloader.wait(count)
 
     async def reload(self, config: Config | None = None) -> None:
         """Apply a new config, all or nothing.

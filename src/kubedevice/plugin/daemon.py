@@ -13,14 +13,20 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from kubedevice.errors import ConfigError, KubeDeviceError, PluginServerError
 
 if TYPE_CHECKING:
     from kubedevice.plugin.metrics import PluginMetrics
 
-__all__ = ["Daemon", "FileWatch", "Reloader", "run_daemon", "serve_metrics"]
+__all__ = [
+    "FileWatch",
+    "PluginDaemon",
+    "Reloader",
+    "run_daemon",
+    "serve_metrics",
+]
 
 
 def serve_metrics(metrics: PluginMetrics, address: str) -> Any:
@@ -106,19 +112,79 @@ class Reloader:
             self.request()
 
 
-class Daemon(Protocol):
-    """A runner used as an async context manager that reloads on request."""
+class PluginDaemon:
+    """Base of a plugin daemon: started once, stopped idempotently, reloaded on request.
 
-    async def __aenter__(self) -> Any: ...
+    Use as an async context manager (or :meth:`start` / :meth:`stop`). A subclass
+    implements :meth:`_start` (a failure there stops what was set up, then propagates),
+    :meth:`_stop` and :meth:`reload`.
+
+    Args:
+        log: Where refused and failed reloads are logged.
+        rejected: The log format of a refused config (see :class:`Reloader`).
+    """
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        rejected: str = "new config rejected; the old one keeps running: %s",
+    ) -> None:
+        self._reloader = Reloader(self.reload, log, rejected)
+        self._started = False
+        self._stopped = False
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
 
     async def __aexit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None: ...
+    ) -> None:
+        await self.stop()
 
-    def request_reload(self) -> None: ...
+    async def start(self) -> None:
+        """Start serving; on a failure, what was set up is released again and it propagates."""
+        if self._started:
+            raise RuntimeError(f"{type(self).__name__} can be started only once")
+        self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()  # release what was set up: sockets, inotify, tasks
+            raise
+
+    async def stop(self) -> None:
+        """Stop everything :meth:`start` started (idempotent)."""
+        if not self._started or self._stopped:
+            return
+        self._stopped = True
+        await self._stop()
+
+    async def _start(self) -> None:
+        raise NotImplementedError
+
+    async def _stop(self) -> None:
+        raise NotImplementedError
+
+    async def reload(self) -> None:
+        """Re-read the config and apply it (what a reload request runs)."""
+        raise NotImplementedError
+
+    def request_reload(self) -> None:
+        """Ask for a reload from the config file (what SIGHUP does)."""
+        self._reloader.request()
+
+    @property
+    def reloads(self) -> int:
+        """How many reload attempts finished (applied or rejected)."""
+        return self._reloader.count
+
+    async def wait_reloaded(self, count: int) -> None:
+        """Wait until at least ``count`` reload attempts have finished (applied or rejected)."""
+        await self._reloader.wait(count)
 
 
-D = TypeVar("D", bound=Daemon)
+D = TypeVar("D", bound=PluginDaemon)
 
 
 async def run_daemon(
