@@ -1,9 +1,10 @@
-"""Daemon plumbing shared by plugin runners: metrics HTTP, reload on SIGHUP or file change.
+"""Daemon plumbing shared by plugin runners: lifecycle, reload on SIGHUP or file change, metrics.
 
 A runner (the generic plugin, the GPU plugin) owns its resources; what every such daemon
-does the same way lives here: serving the Prometheus registry with a one-line error,
-serialising reload requests with a count callers can wait on, turning file changes into
-reload requests, and running until a stop event with SIGHUP mapped to a reload.
+does the same way lives here: the start-once/stop-once lifecycle (:class:`PluginDaemon`),
+serving the Prometheus registry with a one-line error, serialising reload requests with a
+count callers can wait on, turning file changes into reload requests, and running until a
+stop event with SIGHUP mapped to a reload.
 """
 
 from __future__ import annotations
