@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, str] = {
     "node": "kubelet_cmd",
     "conformance": "conformance_cmd",
     "demo": "demo_cmd",
+    "inspect": "inspect_cmd",
+    "advertise": "advertise_cmd",
 }
 
 
