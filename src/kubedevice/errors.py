@@ -13,7 +13,8 @@
     │   ├── CheckpointError          a checkpoint file is corrupt or foreign
     │   ├── ManifestError            a pod manifest is malformed or fails API validation
     │   └── PluginRpcError           an RPC the emulator issued to a plugin failed
-    └── ConformanceFailure           a conformance run found a MUST failure
+    ├── ConformanceFailure           a conformance run found a MUST failure
+    └── AdvertiseError               the API server refused a node-status patch or was unreachable
 
 Library code raises these and never exits the process; only the CLI maps them to exit
 codes. Third-party errors are chained with ``raise ... from``.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdmissionError",
+    "AdvertiseError",
     "AllocationError",
     "CheckpointError",
     "ConfigError",
@@ -107,3 +109,7 @@ class PluginRpcError(EmulatorError):
 
 class ConformanceFailure(KubeDeviceError):
     """A conformance run found at least one MUST failure."""
+
+
+class AdvertiseError(KubeDeviceError):
+    """The API server refused a node-status patch (401, 403, 404, 409...) or was unreachable."""
