@@ -230,7 +230,16 @@ def test_missing_kubeconfig(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
-    assert line.startswith("error: cannot load Kubernetes credentials")
+    assert line == f"error: kubeconfig {tmp_path / 'no'} does not exist"
+    (tmp_path / "bad").write_text("clusters: 7\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubedevice", "advertise", "--kubeconfig", str(tmp_path / "bad"),
+         "n1", "example.com/foo=1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"error: cannot load Kubernetes credentials ({tmp_path / 'bad'}): ")
 
 
 def test_pointer_escaping() -> None:

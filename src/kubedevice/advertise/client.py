@@ -33,16 +33,24 @@ def load_client(kubeconfig: str | None, context: str | None) -> Any:
     cfg = k8s.client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
     default = os.path.expanduser("~/.kube/config")
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    where = path or default
+    if path is not None and not os.path.exists(path):
+        raise ConfigError(f"kubeconfig {path} does not exist")
+    if path is None and not os.path.exists(default) and not in_cluster:
+        raise ConfigError(
+            f"no kubeconfig ({default} does not exist): give --kubeconfig or set KUBECONFIG"
+        )
     try:
-        if path or os.path.exists(default) or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if path is not None or os.path.exists(default):
             k8s.config.load_kube_config(
-                config_file=path or default, context=context, client_configuration=cfg
+                config_file=where, context=context, client_configuration=cfg
             )
         else:
+            where = "in-cluster service account"
             k8s.config.load_incluster_config(client_configuration=cfg)
-    except (k8s.config.ConfigException, OSError, ValueError) as exc:
-        where = path or default
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception as exc:  # the client's parser raises anything on a malformed file
+        msg = str(exc).splitlines()[0].rstrip(".") if str(exc) else type(exc).__name__
         raise ConfigError(f"cannot load Kubernetes credentials ({where}): {msg}") from None
     cfg.retries = 0
     return k8s.client.ApiClient(cfg)

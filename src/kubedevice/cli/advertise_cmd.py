@@ -50,7 +50,7 @@ def advertise_command(
             try:
                 host = api_host(load_client(kubeconfig, context))
             except KubeDeviceError as exc:
-                click.echo(f"note: {exc}; the API server's address is left out", err=True)
+                click.echo(f"note: {exc} (the API server's address is left out)", err=True)
                 host = ""
             click.echo(request.render(host))
             return
