@@ -133,9 +133,24 @@ def test_gpu_component_renders_and_validates() -> None:
     assert cfg["sharing"]["timeSlicing"]["resources"] == []
 
 
-def test_gpu_runtime_class_can_be_dropped() -> None:
-    docs = render(values={"nvidia.enabled": "true", "nvidia.runtimeClassName": ""})
-    assert "runtimeClassName" not in daemonset(docs, "nvidia")["spec"]["template"]["spec"]
+def test_gpu_runtime_class_and_security_context_overrides() -> None:
+    docs = render(
+        values={
+            "nvidia.enabled": "true",
+            "nvidia.runtimeClassName": "",
+            # the API server refuses privileged without privilege escalation: both are needed
+            "nvidia.securityContext.privileged": "true",
+            "nvidia.securityContext.allowPrivilegeEscalation": "true",
+        }
+    )
+    validate_all(docs)
+    gpu = daemonset(docs, "nvidia")
+    assert "runtimeClassName" not in gpu["spec"]["template"]["spec"]
+    sc = _container(gpu)["securityContext"]
+    assert sc["privileged"] is True
+    assert sc["allowPrivilegeEscalation"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}  # the rest of the shared context stays
+    assert _container(daemonset(docs, "generic"))["securityContext"]["privileged"] is False
 
 
 def test_set_file_config_is_kept_verbatim(tmp_path: Path) -> None:
