@@ -93,8 +93,9 @@ def to_text(report: NodeReport) -> str:
         else:
             out.append("  (no pod holds a device)")
     out += ["", "PROBLEMS"]
-    problems = [f"  input  {e}" for e in report.input_errors]
-    problems += [f"  {f.severity:<7}{f.message}" for f in report.findings]
+    problems = [f"  {'input':<8}{e}" for e in report.input_errors]
+    ordered = sorted(report.findings, key=lambda f: f.severity != "error")
+    problems += [f"  {f.severity:<8}{f.message}" for f in ordered]
     out += problems or ["  none"]
     out.append(f"\n({report.seconds:.2f} s)")
     return "\n".join(out)
