@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -11,14 +12,15 @@ from deploy.render import ROOT, STATIC, by_kind, load_static, render
 from kubedevice.generic import parse_config
 
 
-def _pods() -> list[tuple[str, dict[str, Any]]]:
+@functools.cache
+def _pods() -> dict[str, dict[str, Any]]:
     """Every pod spec we ship: static manifests and the chart with both components on."""
-    out = []
+    out = {}
     for path in STATIC:
         for ds in by_kind(load_static(path), "DaemonSet"):
-            out.append((path.name, ds["spec"]["template"]["spec"]))
+            out[path.name] = ds["spec"]["template"]["spec"]
     for ds in by_kind(render(values={"nvidia.enabled": "true"}), "DaemonSet"):
-        out.append((f"chart:{ds['metadata']['name']}", ds["spec"]["template"]["spec"]))
+        out[f"chart:{ds['metadata']['name']}"] = ds["spec"]["template"]["spec"]
     return out
 
 
@@ -38,8 +40,21 @@ def test_helm_default_config_is_valid() -> None:
     assert config.resources
 
 
-@pytest.mark.parametrize(("where", "pod"), _pods(), ids=lambda x: x if isinstance(x, str) else "")
-def test_pods_are_least_privilege(where: str, pod: dict[str, Any]) -> None:
+SHIPPED = [
+    "kubedevice.yaml",
+    "kubedevice-nvidia.yaml",
+    "chart:kubedevice",
+    "chart:kubedevice-nvidia",
+]
+
+
+def test_every_shipped_pod_is_checked() -> None:
+    assert sorted(_pods()) == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("where", SHIPPED)
+def test_pods_are_least_privilege(where: str) -> None:
+    pod = _pods()[where]
     assert pod["automountServiceAccountToken"] is False
     assert pod["priorityClassName"] == "system-node-critical"
     for key in ("hostNetwork", "hostPID", "hostIPC"):
