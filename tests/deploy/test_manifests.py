@@ -85,3 +85,19 @@ def test_rolling_update_never_surges() -> None:
     for path in STATIC:
         for ds in by_kind(load_static(path), "DaemonSet"):
             assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+@pytest.mark.parametrize("source", ["chart", "static"])
+def test_gpu_config_is_valid(source: str) -> None:
+    nvidia_config = pytest.importorskip(
+        "kubedevice.nvidia.config", reason="the GPU plugin is not in this tree"
+    )
+    if source == "chart":
+        docs = render(values={"nvidia.enabled": "true"})
+        [cm] = [
+            d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("nvidia-config")
+        ]
+    else:
+        [cm] = by_kind(load_static(ROOT / "deploy/kubedevice-nvidia.yaml"), "ConfigMap")
+    config = nvidia_config.parse_config(yaml.safe_load(cm["data"]["config.yaml"]), source)
+    assert config.flags.mig_strategy == "none"
