@@ -24,6 +24,7 @@ from kubedevice.generic import parse_config
 GPU_ARGS = [
     "nvidia", "run",
     "--config", "/etc/kubedevice/nvidia/config.yaml",
+    "--device-plugin-dir", "/var/lib/kubelet/device-plugins",
     "--metrics-address", "0.0.0.0:9401",
     "--dev-root", "/host/dev",
     "--sys-root", "/host/sys",

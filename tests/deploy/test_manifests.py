@@ -73,6 +73,9 @@ def test_pods_are_least_privilege(where: str) -> None:
     assert mounts["/host/dev"]["readOnly"] is True
     assert mounts["/host/sys"]["readOnly"] is True
     assert "readOnly" not in mounts["/var/lib/kubelet/device-plugins"]
+    plugin_dir = c["args"][c["args"].index("--device-plugin-dir") + 1]
+    assert plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert mounts[plugin_dir]["name"] == "device-plugins"
     assert c["args"][c["args"].index("--dev-root") + 1] == "/host/dev"
     assert c["args"][c["args"].index("--sys-root") + 1] == "/host/sys"
     effects = {t.get("effect") for t in pod["tolerations"]}

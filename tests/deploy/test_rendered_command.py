@@ -13,6 +13,7 @@ kubedevice) runs as rendered, with the rendered environment. Each component is o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from deploy.render import by_kind, daemonset, render
@@ -42,8 +44,40 @@ class Component:
     values: dict[str, str]
     resource: str  # the resource it must register
     allocatable: int
-    prepare_host: Callable[[FakeHost], None]  # lay out the node's fake /dev and /sys
-    unplug: Callable[[FakeHost], None]  # remove the devices (proves which tree it watches)
+    #: lay out the node's fake hardware (its /dev and /sys under the FakeHost root); returns
+    #: environment variables that select fake hardware (nothing else is added to the env)
+    prepare_host: Callable[[FakeHost], dict[str, str]]
+    #: make every device vanish or fail (proves which tree and hardware it watches)
+    unplug: Callable[[FakeHost], None]
+    #: skip unless this module is importable (a component not in this tree)
+    needs: str | None = None
+
+
+def _fuse(host: FakeHost) -> dict[str, str]:
+    host.add_char_device("/dev/fuse")
+    return {}
+
+
+_GPU_MACHINE = "pcie-4gpu"
+
+
+def _gpus(host: FakeHost) -> dict[str, str]:
+    from kubedevice.nvidia import nvml_fake
+
+    machine = nvml_fake.load_machine(_GPU_MACHINE)
+    nvml_fake.write_fake_dev(machine, host.dev_root)
+    nvml_fake.write_fake_sysfs(machine, host.sys_root)
+    return {
+        "KUBEDEVICE_NVML": f"fake:{_GPU_MACHINE}",
+        nvml_fake.CONTROL_ENV: str(host.root / "nvml.sock"),
+    }
+
+
+def _gpus_lost(host: FakeHost) -> None:
+    from kubedevice.nvidia import nvml_fake
+
+    for gpu in nvml_fake.load_machine(_GPU_MACHINE).gpus:
+        nvml_fake.send_control(host.root / "nvml.sock", {"op": "lost", "uuid": gpu.info.uuid})
 
 
 COMPONENTS = [
@@ -52,12 +86,18 @@ COMPONENTS = [
         {},
         "kubedevice.io/fuse",
         10,
-        lambda host: host.add_char_device("/dev/fuse"),
+        _fuse,
         lambda host: host.remove("/dev/fuse"),
     ),
-    # The GPU plugin, once it is in the tree: Component("nvidia", {"nvidia.enabled": "true",
-    # "generic.enabled": "false"}, "nvidia.com/gpu", <GPUs>, <write the fake machine's /dev and
-    # sysfs>, <mark a GPU lost>), with the fake NVML backend chosen through the rendered env.
+    Component(
+        "nvidia",
+        {"nvidia.enabled": "true", "generic.enabled": "false"},
+        "nvidia.com/gpu",
+        4,
+        _gpus,
+        _gpus_lost,
+        needs="kubedevice.nvidia.nvml_fake",
+    ),
 ]
 
 
@@ -108,6 +148,21 @@ def _rewrite(args: list[str], mounts: list[str], root: Path, metrics_port: int) 
     return out
 
 
+async def _kill_tree(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL dumb-init and what it started (it cannot forward SIGKILL; the plugin runs in
+    its own session)."""
+    if proc.returncode is not None:
+        return
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    await proc.wait()
+
+
 @pytest.fixture
 async def stopper() -> AsyncIterator[list[asyncio.subprocess.Process]]:
     procs: list[asyncio.subprocess.Process] = []
@@ -115,28 +170,34 @@ async def stopper() -> AsyncIterator[list[asyncio.subprocess.Process]]:
         yield procs
     finally:
         for p in procs:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
+            await _kill_tree(p)
 
 
 @pytest.mark.parametrize("comp", COMPONENTS, ids=lambda c: c.name)
 async def test_rendered_container_registers_with_the_emulator(
     comp: Component, root: Path, stopper: list[asyncio.subprocess.Process]
 ) -> None:
+    if comp.needs is not None:
+        pytest.importorskip(comp.needs, reason=f"the {comp.name} plugin is not in this tree")
     docs = render(values=comp.values)
     ds = daemonset(docs, comp.name)
     [container] = ds["spec"]["template"]["spec"]["containers"]
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     node = root / "node"
     host = FakeHost(node)
-    comp.prepare_host(host)
+    fake_hardware = comp.prepare_host(host)
     root = root / "c"
     _lay_out(docs, ds, root, node)
     port = _free_port()
     argv = container["command"] + _rewrite(container["args"], mounts, root, port)
     env = {e["name"]: e["value"] for e in container.get("env", [])}
+    env.update(fake_hardware)
+    # A guard only: the rendered args name the directory (test_chart checks it), and this
+    # keeps a plugin that ignored them off the real host's kubelet directory.
+    env["DP_DEVICE_PLUGIN_DIR"] = str(root / "var/lib/kubelet/device-plugins")
     env["PATH"] = f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    if "PYTHONPATH" in os.environ:  # a source tree given to this run reaches the plugin too
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     assert shutil.which(argv[0], path=env["PATH"]), f"{argv[0]} is not installed"
     dp_dir = node / "var/lib/kubelet/device-plugins"
     async with Emulator(dp_dir, control_socket=False, dial_timeout_s=2.0) as emu:
@@ -144,9 +205,15 @@ async def test_rendered_container_registers_with_the_emulator(
             *argv, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
         )
         stopper.append(proc)
-        status = await emu.wait_for_resource(
-            comp.resource, allocatable=comp.allocatable, timeout=20
-        )
+        try:
+            status = await emu.wait_for_resource(
+                comp.resource, allocatable=comp.allocatable, timeout=20
+            )
+        except TimeoutError:
+            await _kill_tree(proc)
+            assert proc.stderr is not None
+            err = (await proc.stderr.read()).decode(errors="replace")
+            raise AssertionError(f"{argv} did not register:\n{err[-3000:]}") from None
         assert status.connected
         pod = await emu.apply_pod(
             {
