@@ -34,7 +34,14 @@ _DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
     help="PodResources socket [default: DIR/../pod-resources/kubelet.sock, i.e. "
     f"{_DEFAULT_POD_RESOURCES}].",
 )
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A report with tables, or one JSON document.",
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(0.1, 60),

@@ -146,18 +146,16 @@ async def probe_socket(path: Path, timeout: float) -> PluginProbe:  # noqa: ASYN
         else:
             result.state = "error"
             result.detail = f"{stage}: {code.name}: {exc.details() or ''}".rstrip(": ")
-    except asyncio.CancelledError:
-        raise
     except Exception as exc:  # a broken peer must not stop the other probes
         result.state, result.detail = "error", f"{stage}: {type(exc).__name__}: {exc}"
     result.seconds = time.monotonic() - start
     return result
 
 
-async def bounded(coro_timeout: float, path: Path) -> PluginProbe:
+async def bounded(limit_s: float, path: Path) -> PluginProbe:
     """``probe_socket`` with a hard outer bound (a last guard against any hang)."""
     try:
-        async with asyncio.timeout(coro_timeout + 1.0):
-            return await probe_socket(path, coro_timeout)
+        async with asyncio.timeout(limit_s + 1.0):
+            return await probe_socket(path, limit_s)
     except TimeoutError:
-        return PluginProbe(path.name, "no-answer", f"no answer within {coro_timeout:g} s")
+        return PluginProbe(path.name, "no-answer", f"no answer within {limit_s:g} s")
