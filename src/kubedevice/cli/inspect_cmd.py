@@ -59,6 +59,8 @@ def inspect_command(
     PodResources List and GetAllocatableResources. Flags sockets that do not answer, stale
     socket files, Unhealthy devices, a checksum mismatch, and devices the checkpoint holds for
     pods PodResources no longer lists.
+
+    Exit status: 0 nothing wrong, 1 problems flagged, 2 an input could not be read.
     """
     from kubedevice.inspect import inspect_node, to_json, to_text
 
