@@ -319,3 +319,10 @@ def test_validation_is_strict() -> None:
     bad["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "9400"
     with pytest.raises(AssertionError):
         validate_all([bad])
+
+
+def test_kube_version_floor() -> None:
+    proc = helm("template", "x", str(CHART), "--kube-version", "1.25.0", check=False)
+    assert proc.returncode != 0
+    assert "kubeVersion" in proc.stderr
+    helm("template", "x", str(CHART), "--kube-version", "1.26.0")
