@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-from kubedevice.advertise.patch import CONTENT_TYPE, PatchRequest
+from kubedevice.advertise.patch import PatchRequest
 from kubedevice.errors import AdvertiseError, ConfigError
 
 __all__ = ["api_host", "load_client", "send"]
@@ -97,8 +97,8 @@ def send(client: Any, request: PatchRequest, timeout: float = 30.0) -> dict[str,
     try:
         node = api.patch_node_status(
             request.node,
+            # a list body: the client sends it as application/json-patch+json (CONTENT_TYPE)
             list(request.operations),
-            _content_type=CONTENT_TYPE,
             _request_timeout=timeout,
         )
     except k8s.client.ApiException as exc:
