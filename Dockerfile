@@ -8,8 +8,9 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md ./
 COPY src ./src
-# Wheels for kubedevice (with the nvidia extra) and everything it needs, at the pinned versions.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[nvidia]" dumb-init
+# Wheels for kubedevice with the generic and nvidia extras (an extra this version does not
+# define is skipped with a warning) and everything they need, at the pinned versions.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[generic,nvidia]" dumb-init
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
@@ -26,7 +27,7 @@ LABEL org.opencontainers.image.title="kubedevice" \
 COPY --from=build /wheels /wheels
 COPY constraints.txt /tmp/constraints.txt
 RUN pip install --no-cache-dir --no-index --find-links /wheels -c /tmp/constraints.txt \
-        "kubedevice[nvidia]" dumb-init \
+        "kubedevice[generic,nvidia]" dumb-init \
     && rm -rf /wheels /tmp/constraints.txt
 # The plugin must create its socket in the kubelet's root-owned 0750 directory, so it runs as
 # uid 0, but the DaemonSet drops every capability and has a read-only root file system.
