@@ -14,7 +14,8 @@
     │   ├── ManifestError            a pod manifest is malformed or fails API validation
     │   └── PluginRpcError           an RPC the emulator issued to a plugin failed
     ├── NvmlError                    an NVML call failed (GPU plugin; NotSupported is not one)
-    └── ConformanceFailure           a conformance run found a MUST failure
+    ├── ConformanceFailure           a conformance run found a MUST failure
+    └── AdvertiseError               the API server refused a node-status patch or was unreachable
 
 Library code raises these and never exits the process; only the CLI maps them to exit
 codes. Third-party errors are chained with ``raise ... from``.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdmissionError",
+    "AdvertiseError",
     "AllocationError",
     "CheckpointError",
     "ConfigError",
@@ -122,3 +124,7 @@ class NvmlError(KubeDeviceError):
         self.code = code
         self.uuid = uuid
         super().__init__(f"NVML {code}: {message}" + (f" (GPU {uuid})" if uuid else ""))
+
+
+class AdvertiseError(KubeDeviceError):
+    """The API server refused a node-status patch (401, 403, 404, 409...) or was unreachable."""

@@ -24,6 +24,8 @@ SUBCOMMANDS: dict[str, str] = {
     "conformance": "conformance_cmd",
     "demo": "demo_cmd",
     "nvidia": "nvidia_cmd",
+    "inspect": "inspect_cmd",
+    "advertise": "advertise_cmd",
 }
 
 

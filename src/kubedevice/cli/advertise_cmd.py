@@ -1,0 +1,68 @@
+"""``kubedevice advertise``: set or remove extended resources in a node's status capacity.
+
+No logic here: :mod:`kubedevice.advertise` builds and sends the patch. Bad arguments and
+every API error are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import click
+
+from kubedevice.errors import KubeDeviceError
+
+__all__ = ["COMMANDS"]
+
+
+@click.command("advertise")
+@click.argument("node")
+@click.argument("resources", nargs=-1, metavar="[RESOURCE=COUNT]...")
+@click.option(
+    "--remove", "remove", multiple=True, metavar="RESOURCE", help="Remove RESOURCE (repeatable)."
+)
+@click.option("--dry-run", is_flag=True, help="Print the exact HTTP request; send nothing.")
+@click.option(
+    "--kubeconfig",
+    default=None,
+    help="Kubeconfig file [default: $KUBECONFIG, ~/.kube/config, in-cluster].",
+)
+@click.option("--context", default=None, help="Kubeconfig context [default: the current one].")
+@click.option("--timeout", type=click.FloatRange(0.1, 300), default=30.0, show_default=True)
+def advertise_command(
+    node: str,
+    resources: tuple[str, ...],
+    remove: tuple[str, ...],
+    dry_run: bool,
+    kubeconfig: str | None,
+    context: str | None,
+    timeout: float,
+) -> None:
+    """Advertise extended resources on NODE without a device plugin.
+
+    Sends PATCH /api/v1/nodes/NODE/status (application/json-patch+json) with an "add" of
+    /status/capacity/<resource> per RESOURCE=COUNT and a "remove" per --remove, using the
+    official Kubernetes client. Example: kubedevice advertise node-1 example.com/dongle=4
+    """
+    from kubedevice.advertise import api_host, build_patch, load_client, send
+
+    try:
+        request = build_patch(node, resources, remove)
+        if dry_run:
+            try:
+                host = api_host(load_client(kubeconfig, context))
+            except KubeDeviceError as exc:
+                click.echo(f"note: {exc} (the API server's address is left out)", err=True)
+                host = ""
+            click.echo(request.render(host))
+            return
+        capacity = send(load_client(kubeconfig, context), request, timeout)
+    except KubeDeviceError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+    for op in request.operations:
+        name = op["path"].removeprefix("/status/capacity/").replace("~1", "/").replace("~0", "~")
+        now = capacity.get(name)
+        state = f"capacity {now}" if now is not None else "not in capacity"
+        click.echo(f"{node}: {op['op']} {name}: {state}")
+
+
+COMMANDS: list[click.Command] = [advertise_command]

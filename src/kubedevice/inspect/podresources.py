@@ -1,0 +1,88 @@
+"""Read the kubelet's PodResources v1 API: who holds which device, and what is allocatable."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc import aio
+
+from kubedevice._api import pr, pr_grpc
+
+__all__ = ["AssignedDevices", "PodResourcesView", "read_pod_resources"]
+
+
+@dataclass(frozen=True, slots=True)
+class AssignedDevices:
+    """One container's devices of one resource, as PodResources ``List`` reports them."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class PodResourcesView:
+    """The answers of ``List`` and ``GetAllocatableResources`` (or why they are missing)."""
+
+    socket: Path
+    assigned: list[AssignedDevices] = field(default_factory=list)
+    #: resource -> allocatable device IDs (``None``: the call failed or is not served)
+    allocatable: dict[str, list[str]] | None = None
+    list_error: str | None = None
+    allocatable_error: str | None = None
+    seconds: float = 0.0
+
+    def owner(self, resource: str) -> dict[str, AssignedDevices]:
+        """Device ID -> the container holding it, for ``resource``."""
+        return {d: a for a in self.assigned if a.resource == resource for d in a.device_ids}
+
+
+def _error(rpc: str, exc: aio.AioRpcError, timeout: float) -> str:
+    code = exc.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"{rpc}: no answer within {timeout:g} s"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return f"{rpc}: not served by this kubelet (UNIMPLEMENTED)"
+    return f"{rpc}: {code.name}: {exc.details() or ''}".rstrip(": ")
+
+
+async def read_pod_resources(socket: Path, timeout: float) -> PodResourcesView:  # noqa: ASYNC109
+    """Call ``List`` and ``GetAllocatableResources`` on ``socket``, each bounded."""
+    start = time.monotonic()
+    view = PodResourcesView(socket)
+    options = [("grpc.max_receive_message_length", 16 * 1024 * 1024), ("grpc.enable_retries", 0)]
+    async with aio.insecure_channel(f"unix://{socket}", options=options) as channel:
+        stub = pr_grpc.PodResourcesListerStub(channel)
+        try:
+            listed = await stub.List(pr.ListPodResourcesRequest(), timeout=timeout)
+            for pod in listed.pod_resources:
+                for c in pod.containers:
+                    by_resource: dict[str, list[str]] = {}
+                    for d in c.devices:
+                        by_resource.setdefault(d.resource_name, []).extend(d.device_ids)
+                    for resource, ids in by_resource.items():
+                        view.assigned.append(
+                            AssignedDevices(
+                                pod.namespace, pod.name, c.name, resource, tuple(dict.fromkeys(ids))
+                            )
+                        )
+        except aio.AioRpcError as exc:
+            view.list_error = _error("List", exc, timeout)
+        try:
+            left = max(0.05, timeout - (time.monotonic() - start))
+            alloc = await stub.GetAllocatableResources(
+                pr.AllocatableResourcesRequest(), timeout=left
+            )
+            per_resource: dict[str, dict[str, None]] = {}
+            for d in alloc.devices:  # a device on two NUMA nodes is listed twice
+                per_resource.setdefault(d.resource_name, {}).update(dict.fromkeys(d.device_ids))
+            view.allocatable = {k: list(v) for k, v in per_resource.items()}
+        except aio.AioRpcError as exc:
+            view.allocatable_error = _error("GetAllocatableResources", exc, left)
+    view.seconds = time.monotonic() - start
+    return view
