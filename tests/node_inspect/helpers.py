@@ -46,14 +46,14 @@ class Node:
 
 
 async def run_inspect(
-    dp_dir: Path, *extra: str, pr_socket: Path | None = None
+    dp_dir: Path, *extra: str, pr_socket: Path | None = None, cwd: Path | None = None
 ) -> tuple[int, str, str]:
-    """Run ``kubedevice inspect`` as a process; (exit status, stdout, stderr)."""
+    """Run ``kubedevice inspect`` as a process (in ``cwd``); (exit status, stdout, stderr)."""
     args = [sys.executable, "-m", "kubedevice", "inspect", "--device-plugin-dir", str(dp_dir)]
     if pr_socket is not None:
         args += ["--pod-resources-socket", str(pr_socket)]
     proc = await asyncio.create_subprocess_exec(
-        *args, *extra, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *args, *extra, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd
     )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode is not None

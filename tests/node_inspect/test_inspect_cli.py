@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -118,6 +119,23 @@ async def test_clean_node_exits_0(emu: Any, dp_dir: Path) -> None:
         await emu.wait_for_resource(FOO, allocatable=2)
         rc, doc, err = await inspect_json(dp_dir)
         assert (rc, doc["findings"], doc["inputErrors"], err) == (0, [], [], "")
+    finally:
+        await p.stop()
+
+
+async def test_relative_paths_are_dialled(emu: Any, dp_dir: Path) -> None:
+    """``--device-plugin-dir dp`` from the parent directory, as a user types it."""
+    from rawplugin import RawPlugin, devs
+
+    p = RawPlugin(dp_dir, FOO, devs(2))
+    await p.serve()
+    await p.register()
+    try:
+        await emu.wait_for_resource(FOO, allocatable=2)
+        rc, out, err = await run_inspect(Path(dp_dir.name), "-o", "json", cwd=dp_dir.parent)
+        doc = json.loads(out)
+        assert (rc, doc["findings"], doc["inputErrors"], err) == (0, [], [], "")
+        assert [(x["state"], x["devices"]) for x in doc["plugins"]] == [("ok", 2)]
     finally:
         await p.stop()
 

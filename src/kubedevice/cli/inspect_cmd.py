@@ -64,13 +64,12 @@ def inspect_command(
     """
     from kubedevice.inspect import inspect_node, to_json, to_text
 
-    dp_dir = Path(device_plugin_dir or DEFAULT_DEVICE_PLUGIN_DIR)
+    # Absolute: gRPC's unix:// target does not take a relative path.
+    dp_dir = Path(os.path.abspath(device_plugin_dir or DEFAULT_DEVICE_PLUGIN_DIR))
     if pod_resources_socket is None:
-        pr_socket = Path(
-            os.path.normpath(dp_dir.absolute() / ".." / "pod-resources" / "kubelet.sock")
-        )
+        pr_socket = Path(os.path.normpath(dp_dir / ".." / "pod-resources" / "kubelet.sock"))
     else:
-        pr_socket = Path(pod_resources_socket)
+        pr_socket = Path(os.path.abspath(pod_resources_socket))
     report = asyncio.run(inspect_node(dp_dir, pr_socket, timeout=timeout))
     if output == "json":
         click.echo(json.dumps(to_json(report), indent=2))

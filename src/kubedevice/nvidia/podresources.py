@@ -37,7 +37,7 @@ class PodResourcesClient:
     """``List`` on the kubelet's PodResources socket, reduced to device -> containers."""
 
     def __init__(self, socket: Path = DEFAULT_POD_RESOURCES_SOCKET, *, timeout_s: float = 2.0):
-        self.socket = socket
+        self.socket = Path(socket).absolute()  # gRPC's unix:// target needs an absolute path
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
