@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import threading
 import time
@@ -252,8 +253,11 @@ def test_control_socket_cross_process(sock_dir: Path) -> None:
         assert got
         assert got[0] is not None
         assert (got[0].uuid, got[0].xid) == (u[3], 48)
-        # a bad message is ignored with a warning; the next good one still works
+        # bad messages are ignored with a warning; the next good one still works
         send_control(path, {"op": "explode", "uuid": u[3]})
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as raw:
+            for junk in (b"[" * 50_000, b"\xff\xfe", b'{"op": "xid", "xid": ' + b"9" * 5000 + b"}"):
+                raw.sendto(junk, str(path))
         send_control(path, {"op": "ecc", "uuid": u[4]})
         ev = f.wait_event(5000)
         assert ev is not None
@@ -334,6 +338,25 @@ def test_write_fake_sysfs_and_dev(tmp_path: Path) -> None:
     assert any(n.startswith("nvidia-caps/nvidia-cap") for n in names)
     made = write_fake_dev(h, tmp_path / "dev2")
     assert (tmp_path / "dev2/nvidia-caps/nvidia-cap2").is_file()
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\xff\xfe{}", "not UTF-8 text"),
+        (b'{"gpus": ' + b"[" * 100_000, "nested too deeply"),
+        (b'{"gpus": [{"index": ' + b"9" * 5000 + b"}]}", "not usable JSON"),
+    ],
+)
+def test_hostile_machine_file_is_one_line(tmp_path: Path, content: bytes, says: str) -> None:
+    p = tmp_path / "hostile.json"
+    p.write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        load_machine(p)
+    assert says in str(e.value)
+    assert str(e.value).startswith(f"{p}: ")
+    assert "\n" not in str(e.value)
+    assert len(str(e.value)) < 300
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,12 @@ def _read_json(path: Path) -> Any:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not JSON: line {e.lineno}: {e.msg}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: invalid byte at offset {e.start}") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise ConfigError(f"{path}: not usable JSON: {str(e).splitlines()[0][:200]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not usable JSON: nested too deeply") from None
 
 
 def _is_load_recording(raw: Any) -> bool:
@@ -984,8 +990,12 @@ class FakeNvml:
             try:
                 message = json.loads(data)
                 self.apply_control(message)
-            except (ValueError, ConfigError, NvmlError) as e:
-                log.warning("fake NVML: control message ignored: %s", e, extra={"socket": str(ctl)})
+            except (ValueError, RecursionError, ConfigError, NvmlError) as e:
+                log.warning(
+                    "fake NVML: control message ignored: %s",
+                    str(e).splitlines()[0][:200] if str(e) else type(e).__name__,
+                    extra={"socket": str(ctl)},
+                )
 
 
 # --------------------------------------------------------------------------- helpers
