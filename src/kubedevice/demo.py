@@ -39,6 +39,7 @@ __all__ = [
     "device_health",
     "free_port",
     "kill_plugin",
+    "logs_to_file",
     "open_workdir",
     "pod_manifest",
     "run_demo",
@@ -151,7 +152,7 @@ def open_workdir(keep: Path | None) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _logs_to_file(path: Path) -> Iterator[None]:
+def logs_to_file(path: Path) -> Iterator[None]:
     """Send this process's log lines (the in-process emulator's) to ``path`` meanwhile.
 
     The narration owns the terminal: log lines written to stderr while it prints to stdout
@@ -263,7 +264,7 @@ async def run_demo(
     """
     result = DemoResult()
     say = Narrator(out)
-    with open_workdir(workdir) as root, _logs_to_file(root / "emulator.log"):
+    with open_workdir(workdir) as root, logs_to_file(root / "emulator.log"):
         host = FakeHost(root / "host")
         dp_dir = root / "kubelet" / "device-plugins"
         dp_dir.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from kubedevice.demo import (
     device_health,
     free_port,
     kill_plugin,
+    logs_to_file,
     open_workdir,
     pod_manifest,
     scrape,
@@ -87,7 +88,7 @@ async def run_gpu_demo(
     """
     result = DemoResult()
     say = Narrator(out)
-    with open_workdir(workdir) as root:
+    with open_workdir(workdir) as root, logs_to_file(root / "emulator.log"):
         say.step(f"Simulated GPU node: fake NVML machine '{MACHINE}'")
         nvml = FakeNvml.from_file(MACHINE)
         machine = nvml.machine
@@ -100,6 +101,7 @@ async def run_gpu_demo(
                 f"   GPU {g.info.index}  {g.info.name}  {g.info.uuid}  NUMA {g.numa_node}  "
                 f"/dev/nvidia{g.info.minor}"
             )
+        say.say(f"   log files: {root / 'emulator.log'}, {root / 'plugin.log'}")
         dp_dir = root / "kubelet" / "device-plugins"
         dp_dir.mkdir(parents=True, exist_ok=True)
         config = root / "gpu.yaml"

@@ -36,3 +36,22 @@ def test_gpu_demo_runs_every_step_and_exits_zero() -> None:
     assert spread.group(1) != spread.group(2)
     assert "exit code 0" in out
     assert "demo finished in" in out
+
+
+def test_gpu_demo_narration_owns_the_terminal() -> None:
+    """Run as a user types it (default log level, stderr on the terminal): no log lines."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubedevice", "demo", "--gpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout
+    log_lines = [
+        line
+        for line in proc.stdout.splitlines()
+        if re.search(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\b(INFO|WARNING|ERROR|DEBUG)\b", line)
+    ]
+    assert log_lines == []
