@@ -175,11 +175,6 @@ class PluginDaemon:
         """Ask for a reload from the config file (what SIGHUP does)."""
         self._reloader.request()
 
-    @property
-    def reloads(self) -> int:
-        """How many reload attempts finished (applied or rejected)."""
-        return self._reloader.count
-
     async def wait_reloaded(self, count: int) -> None:
         """Wait until at least ``count`` reload attempts have finished (applied or rejected)."""
         await self._reloader.wait(count)
