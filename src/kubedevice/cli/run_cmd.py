@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from importlib import import_module
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,24 +21,26 @@ from kubedevice.signals import stop_on_signals
 __all__ = ["COMMANDS"]
 
 
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    raise SystemExit(2) from None
+
+
 def _need_generic(*, daemon: bool) -> None:
-    """Exit 2 with one line when the generic plugin cannot run here (not Linux, no extra)."""
+    """Exit 2 with one line when the generic plugin cannot run here (not Linux, no extra).
+
+    Imports :mod:`kubedevice.generic` lazily: the other commands never load pydantic.
+    """
     if daemon and not sys.platform.startswith("linux"):
-        click.echo(f"error: kubedevice run needs Linux (inotify); this is {sys.platform}", err=True)
-        raise SystemExit(2)
+        _fail(f"kubedevice run needs Linux (inotify); this is {sys.platform}")
     try:
         import pydantic  # noqa: F401
     except ImportError:
-        click.echo(
-            "error: the generic plugin needs its extra: pip install 'kubedevice[generic]'",
-            err=True,
-        )
-        raise SystemExit(2) from None
-
-
-def _cannot_load(exc: ImportError) -> NoReturn:
-    click.echo(f"error: the generic plugin cannot be loaded here: {exc}", err=True)
-    raise SystemExit(2) from None
+        _fail("the generic plugin needs its extra: pip install 'kubedevice[generic]'")
+    try:
+        import_module("kubedevice.generic.runner" if daemon else "kubedevice.generic.config")
+    except ImportError as exc:
+        _fail(f"the generic plugin cannot be loaded here: {exc}")
 
 
 _CONFIG = click.option(
@@ -76,20 +79,9 @@ def run_command(
     stops cleanly with status 0.
     """
     _need_generic(daemon=True)
-    try:
-        from kubedevice.generic import load_config, run_generic  # lazy: others skip pydantic
-    except ImportError as exc:
-        _cannot_load(exc)
-    from kubedevice.plugin.metrics import parse_metrics_address
+    from kubedevice.generic import run_generic
 
-    try:
-        if metrics_address is not None:
-            parse_metrics_address(metrics_address)
-        load_config(config)  # fail fast, before any socket, with the field named
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(2) from None
-
+    # run_generic reads the config and checks the metrics address before any socket.
     async def _main() -> None:
         stop = asyncio.Event()
         with stop_on_signals(stop):
@@ -106,8 +98,7 @@ def run_command(
     try:
         asyncio.run(_main())
     except KubeDeviceError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(2) from None
+        _fail(str(exc))
 
 
 @click.command("validate")
@@ -115,16 +106,12 @@ def run_command(
 def validate_command(config: Path) -> None:
     """Check a generic plugin config file; print what is wrong (exit 2) or a summary."""
     _need_generic(daemon=False)
-    try:
-        from kubedevice.generic import load_config
-    except ImportError as exc:
-        _cannot_load(exc)
+    from kubedevice.generic import load_config
 
     try:
         cfg = load_config(config)
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(2) from None
+        _fail(str(exc))
     click.echo(
         f"{config}: ok ({len(cfg.resources)} resource(s): "
         + ", ".join(r.name for r in cfg.resources)
