@@ -18,6 +18,21 @@ from kubedevice.generic import FakeHost, GenericPlugins, parse_config
 
 SERIAL = {"name": "example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}
 
+#: A render node with a sysfs health check (see _add_render_node).
+RENDER_ENABLE = "/sys/class/drm/renderD128/device/enable"
+RENDER_CHECK = {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"}
+RENDER_GROUP = {
+    "paths": [{"path": "/dev/dri/renderD*"}],
+    "health": {"periodSeconds": 3600, "sysfsAttribute": RENDER_CHECK},
+}
+RENDER = {"name": "example.com/render", "groups": [RENDER_GROUP]}
+
+
+def _add_render_node(host: FakeHost) -> None:
+    """/dev/dri/renderD128, which passes RENDER_CHECK."""
+    host.set_attr(RENDER_ENABLE, "1")
+    host.add_char_device("/dev/dri/renderD128")
+
 
 def _doc(host: FakeHost, *resources: dict[str, Any], **top: Any) -> dict[str, Any]:
     return {
@@ -106,25 +121,13 @@ async def test_usb_hotplug(host: FakeHost, kubelet: KubeletDouble, sock_dir: Pat
 async def test_health_flapping_and_failing_source(
     host: FakeHost, kubelet: KubeletDouble, sock_dir: Path
 ) -> None:
-    attr = "/sys/class/drm/renderD128/device/enable"
-    host.set_attr(attr, "1")
-    host.add_char_device("/dev/dri/renderD128")
-    res = {
-        "name": "example.com/render",
-        "groups": [
-            {
-                "paths": [{"path": "/dev/dri/renderD*"}],
-                "count": 2,
-                "health": {
-                    "periodSeconds": 0.02,
-                    "sysfsAttribute": {
-                        "path": "/sys/class/drm/{name}/device/enable",
-                        "expect": "1",
-                    },
-                },
-            }
-        ],
+    _add_render_node(host)
+    group = {
+        **RENDER_GROUP,
+        "count": 2,
+        "health": {"periodSeconds": 0.02, "sysfsAttribute": RENDER_CHECK},
     }
+    res = {**RENDER, "groups": [group]}
     ids = ("dri-renderD128::0", "dri-renderD128::1")
 
     def all_(health: str) -> Any:
@@ -133,11 +136,11 @@ async def test_health_flapping_and_failing_source(
     async with _plugins(host, sock_dir, res), asyncio.timeout(10):
         await kubelet.wait("example.com/render", all_("Healthy"))
         for _ in range(3):
-            host.set_attr(attr, "0")
+            host.set_attr(RENDER_ENABLE, "0")
             await kubelet.wait("example.com/render", all_("Unhealthy"))
-            host.set_attr(attr, "1")
+            host.set_attr(RENDER_ENABLE, "1")
             await kubelet.wait("example.com/render", all_("Healthy"))
-        host.remove_attr(attr)  # the health source itself fails
+        host.remove_attr(RENDER_ENABLE)  # the health source itself fails
         await kubelet.wait("example.com/render", all_("Unhealthy"))
 
 
@@ -330,14 +333,8 @@ async def test_reload_that_keeps_the_health_check_keeps_the_result(
 ) -> None:
     # Editing envs of a health-checked group must not flap its devices to Unhealthy
     # while the check reruns; changing the check itself does start from Unhealthy.
-    host.set_attr("/sys/class/drm/renderD128/device/enable", "1")
-    host.add_char_device("/dev/dri/renderD128")
-    check = {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"}
-    group = {
-        "paths": [{"path": "/dev/dri/renderD*"}],
-        "health": {"periodSeconds": 3600, "sysfsAttribute": check},
-    }
-    res = {"name": "example.com/render", "groups": [group]}
+    _add_render_node(host)
+    check, group, res = RENDER_CHECK, RENDER_GROUP, RENDER
     async with _plugins(host, sock_dir, res) as plugins, asyncio.timeout(10):
         await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Healthy"})
         edited = {"name": "example.com/render", "groups": [{**group, "envs": {"A": "{ids}"}}]}
@@ -410,26 +407,14 @@ async def test_returning_device_is_checked_again_before_healthy(
 ) -> None:
     # An allocated, health-checked device vanishes and comes back broken: the old
     # (passing) result must not make it Healthy until the next period.
-    attr = "/sys/class/drm/renderD128/device/enable"
-    host.set_attr(attr, "1")
-    host.add_char_device("/dev/dri/renderD128")
-    check = {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"}
-    res = {
-        "name": "example.com/render",
-        "groups": [
-            {
-                "paths": [{"path": "/dev/dri/renderD*"}],
-                "health": {"periodSeconds": 3600, "sysfsAttribute": check},
-            }
-        ],
-    }
+    _add_render_node(host)
     sentinel = {"name": "example.com/sentinel", "groups": [{"paths": [{"path": "/dev/s*"}]}]}
-    async with _plugins(host, sock_dir, res, sentinel) as plugins, asyncio.timeout(10):
+    async with _plugins(host, sock_dir, RENDER, sentinel) as plugins, asyncio.timeout(10):
         await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Healthy"})
         await kubelet.allocate("example.com/render", ["dri-renderD128"])
         host.remove("/dev/dri/renderD128")
         await kubelet.wait("example.com/render", lambda s: s == {"dri-renderD128": "Unhealthy"})
-        host.set_attr(attr, "0")
+        host.set_attr(RENDER_ENABLE, "0")
         host.add_char_device("/dev/dri/renderD128")
         host.add_char_device("/dev/s0")  # scanned together with (or after) the node above
         await plugins.wait_for("example.com/sentinel", lambda s: len(s) == 1)
@@ -444,19 +429,8 @@ async def test_stop_just_after_a_health_kick_does_not_hang(
 ) -> None:
     # On Python 3.11, asyncio.wait_for drops a cancel that arrives as its awaitable
     # completes: the health loop then ignored stop() and slept for periodSeconds.
-    host.set_attr("/sys/class/drm/renderD128/device/enable", "1")
-    host.add_char_device("/dev/dri/renderD128")
-    check = {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"}
-    res = {
-        "name": "example.com/render",
-        "groups": [
-            {
-                "paths": [{"path": "/dev/dri/renderD*"}],
-                "health": {"periodSeconds": 3600, "sysfsAttribute": check},
-            }
-        ],
-    }
-    plugins = _plugins(host, sock_dir, res)
+    _add_render_node(host)
+    plugins = _plugins(host, sock_dir, RENDER)
     async with asyncio.timeout(10):
         await plugins.start()
         await plugins.wait_for("example.com/render", lambda s: s[0].health == "Healthy")
