@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +136,35 @@ async def measure_idle_cpu_ms(ps: Any, seconds: float) -> float:
     await asyncio.sleep(seconds)  # measuring idle time is the point here
     cpu1 = ps.cpu_times()
     return float(((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) * 1000)
+
+
+def serve_bare(servicer: Any, sock: str, *, aio: bool, options: Sequence[Any] = ()) -> None:
+    """Serve a generated ``DevicePluginServicer`` on ``sock``, print READY, block until killed.
+
+    For the bare grpcio baselines the SDK is compared with (run in a child process):
+    ``aio`` picks ``grpc.aio`` over grpcio's thread-pool server.
+    """
+    import grpc
+
+    from kubedevice._api import dp_grpc
+
+    if not aio:
+        from concurrent import futures
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
+        dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
+        server.add_insecure_port(f"unix:{sock}")
+        server.start()
+        print("READY", flush=True)
+        server.wait_for_termination()
+        return
+
+    async def main() -> None:
+        server = grpc.aio.server(options=options)
+        dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
+        server.add_insecure_port(f"unix:{sock}")
+        await server.start()
+        print("READY", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(main())

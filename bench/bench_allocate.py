@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from _common import PY, ROOT, cpu_model, spawn_ready, terminate_all
+from _common import PY, ROOT, cpu_model, serve_bare, spawn_ready, terminate_all
 
 from kubedevice._api import dp, dp_grpc
 
@@ -55,33 +55,19 @@ def _serve(kind: str, sock: str) -> None:
     """A bare servicer answering Allocate with a prebuilt response (child process)."""
     answer = _response()
     if kind == "sync":
-        from concurrent import futures
 
         class Sync(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
             def Allocate(self, request: Any, context: Any) -> Any:
                 return answer
 
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        dp_grpc.add_DevicePluginServicer_to_server(Sync(), server)
-        server.add_insecure_port(f"unix:{sock}")
-        server.start()
-        print("READY", flush=True)
-        server.wait_for_termination()
+        serve_bare(Sync(), sock, aio=False)
         return
 
     class Aio(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
         async def Allocate(self, request: Any, context: Any) -> Any:
             return answer
 
-    async def main() -> None:
-        server = grpc.aio.server()
-        dp_grpc.add_DevicePluginServicer_to_server(Aio(), server)
-        server.add_insecure_port(f"unix:{sock}")
-        await server.start()
-        print("READY", flush=True)
-        await server.wait_for_termination()
-
-    asyncio.run(main())
+    serve_bare(Aio(), sock, aio=True)
 
 
 def _time_calls(sock: str, calls: int) -> list[float]:

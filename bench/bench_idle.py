@@ -36,6 +36,7 @@ from _common import (
     PY,
     ROOT,
     cpu_model,
+    serve_bare,
     spawn_ready,
     start_emulator,
     terminate_all,
@@ -89,8 +90,6 @@ def _serve(kind: str, sock: str) -> None:
         _serve_grpclib(sock, listing)
         return
     if kind == "sync":
-        from concurrent import futures
-
         stop = threading.Event()
 
         class SyncServicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -101,12 +100,7 @@ def _serve(kind: str, sock: str) -> None:
                 yield listing
                 stop.wait()
 
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        dp_grpc.add_DevicePluginServicer_to_server(SyncServicer(), server)
-        server.add_insecure_port(f"unix:{sock}")
-        server.start()
-        print("READY", flush=True)
-        server.wait_for_termination()
+        serve_bare(SyncServicer(), sock, aio=False)
         return
 
     import asyncio
@@ -119,24 +113,16 @@ def _serve(kind: str, sock: str) -> None:
             await context.write(listing)
             await asyncio.Event().wait()
 
-    async def main() -> None:
-        options: list[tuple[str, Any]] = []
-        if kind == "aio-options":
-            options = [
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_concurrent_streams", 8),
-                ("grpc.keepalive_time_ms", 2**31 - 1),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.keepalive_permit_without_calls", 0),
-            ]
-        server = grpc.aio.server(options=options)
-        dp_grpc.add_DevicePluginServicer_to_server(AioServicer(), server)
-        server.add_insecure_port(f"unix:{sock}")
-        await server.start()
-        print("READY", flush=True)
-        await server.wait_for_termination()
-
-    asyncio.run(main())
+    options: list[tuple[str, Any]] = []
+    if kind == "aio-options":
+        options = [
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_concurrent_streams", 8),
+            ("grpc.keepalive_time_ms", 2**31 - 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.keepalive_permit_without_calls", 0),
+        ]
+    serve_bare(AioServicer(), sock, aio=True, options=options)
 
 
 def _serve_grpclib(sock: str, listing: Any) -> None:
