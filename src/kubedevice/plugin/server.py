@@ -31,6 +31,7 @@ from kubedevice.plugin.config import (
     resolve_device_plugin_dir,
     validate_socket_name,
 )
+from kubedevice.plugin.daemon import serve_metrics
 from kubedevice.plugin.hooks import check_hooks, device_snapshots
 from kubedevice.plugin.registration import Backoff, register
 from kubedevice.plugin.servicer import HOOK_ERRORS, DeviceTable, make_handler
@@ -514,7 +515,9 @@ class PluginServer:
         served and registered once it appears.
 
         Raises:
-            PluginServerError: The server was already started, or the directory is unusable.
+            PluginServerError: The server was already started, the directory is unusable,
+                or the metrics address cannot be listened on.
+            ConfigError: The metrics address is not a usable ``HOST:PORT``.
         """
         if self.state is not ServerState.NEW:
             raise PluginServerError(
@@ -532,13 +535,11 @@ class PluginServer:
             raise PluginServerError(f"cannot watch {directory}: {exc}") from exc
         if self.metrics is not None and self.metrics_address is not None:
             try:
-                self._http = self.metrics.serve_http(self.metrics_address)
-            except (OSError, ValueError) as exc:
+                self._http = serve_metrics(self.metrics, self.metrics_address)
+            except KubeDeviceError:
                 await self._watcher.stop()
                 self._watcher = None
-                raise PluginServerError(
-                    f"cannot serve metrics on {self.metrics_address!r}: {exc}"
-                ) from exc
+                raise
             log.info("metrics on http://%s/metrics", self.metrics_address)
         self.state = ServerState.RUNNING
         log.info("plugin server watching %s", self.device_plugin_dir)
