@@ -14,7 +14,6 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.generic.config import Config, load_config
@@ -22,8 +21,7 @@ from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
 from kubedevice.generic.watcher import DirWatcher, FileChanges, file_digest
-from kubedevice.plugin.daemon import PluginDaemon, run_daemon, serve_metrics
-from kubedevice.plugin.metrics import PluginMetrics, parse_metrics_address
+from kubedevice.plugin.daemon import PluginDaemon, run_daemon
 from kubedevice.plugin.server import PluginServer
 
 __all__ = ["GenericPlugins", "run_generic"]
@@ -66,12 +64,8 @@ class GenericPlugins(PluginDaemon):
         self._config = config
         self._config_path = Path(config_path).absolute() if config_path is not None else None
         self._config_digest = file_digest(self._config_path) if self._config_path else None
-        if metrics_address is not None:
-            parse_metrics_address(metrics_address)  # a bad address fails here, before start
-        self._metrics_address = metrics_address
-        self._metrics = PluginMetrics() if metrics_address is not None else None
-        self._http: Any = None
-        self.server = PluginServer(device_plugin_dir, metrics=self._metrics)
+        # A bad metrics address fails here, before start; the server serves the metrics.
+        self.server = PluginServer(device_plugin_dir, metrics_address=metrics_address)
         """The SDK server hosting the plugins (``wait_registered`` etc.)."""
         self._scanner = Scanner(config)
         self._plugins: dict[str, GenericResourcePlugin] = {}
@@ -107,9 +101,6 @@ class GenericPlugins(PluginDaemon):
             )
         self.rescan()
         await self.server.start()
-        if self._metrics is not None and self._metrics_address is not None:
-            self._http = serve_metrics(self._metrics, self._metrics_address)
-            log.info("metrics on http://%s/metrics", self._metrics_address)
         for plugin in self._plugins.values():
             await self.server.add(plugin)
             self._start_health(plugin.resource_name)
@@ -144,9 +135,6 @@ class GenericPlugins(PluginDaemon):
         for plugin in self._plugins.values():
             plugin.close()
         log.debug("generic plugin tasks stopped; stopping the plugin server")
-        if self._http is not None:
-            self._http.shutdown()
-            self._http = None
         await self.server.stop()
         if self._watcher is not None:
             self._watcher.close()
