@@ -15,6 +15,13 @@ from kubedevice._api import dp, dp_grpc
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "minimal.py"
 
 
+async def _lines_until(stream: asyncio.StreamReader, needle: str, seen: list[str]) -> None:
+    while not any(needle in line for line in seen):
+        line = await asyncio.wait_for(stream.readline(), 30)
+        assert line, "".join(seen)
+        seen.append(line.decode())
+
+
 async def test_minimal_example_runs_and_stops_on_sigterm(
     sock_dir: Path, kubelet: KubeletDouble
 ) -> None:
@@ -37,15 +44,12 @@ async def test_minimal_example_runs_and_stops_on_sigterm(
         assert dict(resp.container_responses[0].envs) == {"COUNTER": "1,3"}
         # The double records the Register before the plugin reads the reply: wait for the
         # plugin to say it is registered, so that SIGTERM does not race it.
-        seen = b""
+        seen: list[str] = []
         assert proc.stderr is not None
-        while b"registered with the kubelet" not in seen:
-            line = await asyncio.wait_for(proc.stderr.readline(), 30)
-            assert line, seen.decode()
-            seen += line
+        await _lines_until(proc.stderr, "registered with the kubelet", seen)
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode == 0, (seen + stderr).decode()
+        assert proc.returncode == 0, "".join(seen) + stderr.decode()
         assert not sock.exists()
         assert b"stopped" in stderr
     finally:
@@ -82,13 +86,6 @@ async def test_minimal_example_uses_env_dir(sock_dir: Path, kubelet: KubeletDoub
 
 
 ALL_HOOKS = EXAMPLE.parent / "all_hooks.py"
-
-
-async def _lines_until(stream: asyncio.StreamReader, needle: str, seen: list[str]) -> None:
-    while not any(needle in line for line in seen):
-        line = await asyncio.wait_for(stream.readline(), 30)
-        assert line, "".join(seen)
-        seen.append(line.decode())
 
 
 async def test_all_hooks_example_json_logs_of_the_whole_process(
