@@ -38,3 +38,18 @@ def test_demo_runs_every_step_and_exits_zero() -> None:
     assert "device  /dev/ttyUSB0 -> /dev/ttyUSB0 rw" in out
     assert "exit code 0; sockets left in the plugin dir: kubelet.sock" in out
     assert "demo finished in" in out
+
+
+async def test_a_timed_out_step_names_the_time_it_waited() -> None:
+    import asyncio
+
+    import pytest
+
+    from kubedevice.demo import DemoError, DemoResult, timed
+
+    result = DemoResult()
+    # the step's own timeout (here 0.6 s), not the default STEP_TIMEOUT_S (10 s)
+    with pytest.raises(DemoError) as err:
+        await timed("nothing", asyncio.wait_for(asyncio.Event().wait(), 0.6), result)
+    assert str(err.value) == "timed out after 1s waiting for: nothing"
+    assert result.timings == {}

@@ -187,7 +187,8 @@ async def timed(what: str, awaitable: Any, result: DemoResult) -> float:
     try:
         await awaitable
     except TimeoutError:
-        raise DemoError(f"timed out after {STEP_TIMEOUT_S:.0f}s waiting for: {what}") from None
+        waited = time.monotonic() - start  # the awaitable's own timeout, not always the step's
+        raise DemoError(f"timed out after {waited:.0f}s waiting for: {what}") from None
     result.timings[what] = time.monotonic() - start
     return result.timings[what]
 
@@ -203,7 +204,9 @@ async def terminate_plugin(plugin: asyncio.subprocess.Process, result: DemoResul
         async with asyncio.timeout(STEP_TIMEOUT_S):
             result.plugin_exit_code = await plugin.wait()
     except TimeoutError:
-        raise DemoError("the plugin did not exit within 10s of SIGTERM") from None
+        raise DemoError(
+            f"the plugin did not exit within {STEP_TIMEOUT_S:.0f}s of SIGTERM"
+        ) from None
 
 
 async def kill_plugin(plugin: asyncio.subprocess.Process | None) -> None:
