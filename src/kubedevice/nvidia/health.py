@@ -164,8 +164,9 @@ class HealthMonitor:
         state: The state machine (its ``parents`` are the UUIDs watched).
         on_change: Called on the loop after any health change.
         sink: Receives XIDs and health per UUID (the GPU metrics), or ``None``.
-        wait_timeout_ms: Longest single ``wait_event`` (bounds how long stopping takes
-            with real NVML, which cannot be interrupted).
+        wait_timeout_ms: Longest single ``wait_event``. Both backends end a wait on
+            ``interrupt()`` (the fake at once, real NVML at the end of its current wait
+            slice); :meth:`stop` gives the thread this long plus 1 s before leaving it.
     """
 
     def __init__(
@@ -200,7 +201,7 @@ class HealthMonitor:
         self._thread.start()
 
     async def stop(self) -> None:
-        """Stop the thread (it wakes up at once, or after ``wait_timeout_ms``) and the timers."""
+        """Stop the thread (``interrupt()`` ends its wait) and the timers."""
         self._stop.set()
         with contextlib.suppress(Exception):
             self.backend.interrupt()

@@ -454,8 +454,9 @@ async def run_gpu_plugin(
 ) -> None:
     """Run the GPU plugin until ``stop`` is set.
 
-    ``wait_timeout_ms`` bounds each NVML event wait: real NVML cannot be interrupted, so
-    it is how long stopping may take (the fake wakes at once and can wait much longer).
+    ``wait_timeout_ms`` bounds each NVML event wait, and so how long stopping waits for
+    an event thread that does not answer ``interrupt()`` (real NVML answers at the end of
+    its current wait slice, the fake at once).
 
     Raises:
         NvmlError: NVML cannot start and ``failOnInitError`` is set.
