@@ -106,10 +106,6 @@ class Inventory:
     resources: Mapping[str, tuple[DeviceEntry, ...]]
     shared: frozenset[str] = frozenset()
 
-    def entry(self, resource: str, device_id: str) -> DeviceEntry | None:
-        """The device ``device_id`` of ``resource``, or ``None``."""
-        return next((e for e in self.resources.get(resource, ()) if e.id == device_id), None)
-
 
 def read_numa_node(sys_root: str | os.PathLike[str], pci_bus_id: str) -> int | None:
     """The NUMA node of a PCI device from ``<sysRoot>/bus/pci/devices/<bus id>/numa_node``.
