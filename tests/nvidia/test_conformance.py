@@ -10,8 +10,8 @@ from typing import Any
 KUBEDEVICE = str(Path(sys.executable).parent / "kubedevice")
 
 
-def test_gpu_plugin_passes_strict_conformance(tmp_path: Path, gpu_host: Any) -> None:
-    host = gpu_host("dgx-8gpu")
+def _conformance(tmp_path: Path, host: Any, machine: str, *run_args: str) -> str:
+    """Run ``conformance --strict`` on ``nvidia run`` on a fake machine; its report."""
     proc = subprocess.run(
         [
             KUBEDEVICE,
@@ -24,15 +24,12 @@ def test_gpu_plugin_passes_strict_conformance(tmp_path: Path, gpu_host: Any) -> 
             "nvidia",
             "run",
             "--nvml",
-            "fake:dgx-8gpu",
+            f"fake:{machine}",
+            *run_args,
             "--dev-root",
             str(host.dev),
             "--sys-root",
             str(host.sys),
-            "--cdi-dir",
-            str(host.cdi),
-            "--features-dir",
-            str(host.features),
             "--pod-resources-socket",
             str(tmp_path / "none.sock"),
         ],
@@ -41,8 +38,21 @@ def test_gpu_plugin_passes_strict_conformance(tmp_path: Path, gpu_host: Any) -> 
         timeout=120,
         check=False,
     )
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_gpu_plugin_passes_strict_conformance(tmp_path: Path, gpu_host: Any) -> None:
+    host = gpu_host("dgx-8gpu")
+    out = _conformance(
+        tmp_path,
+        host,
+        "dgx-8gpu",
+        "--cdi-dir",
+        str(host.cdi),
+        "--features-dir",
+        str(host.features),
+    )
     assert "0 failed" in out
     assert "(0 MUST and 0 SHOULD failures)" in out
     assert "PASS    MUST    allocate-healthy[nvidia.com/gpu]" in out
@@ -56,37 +66,7 @@ def test_mig_mixed_with_replicas_passes_strict_conformance(tmp_path: Path, gpu_h
         "version: v1\nflags: {migStrategy: mixed}\n"
         "sharing: {timeSlicing: {resources: [{name: nvidia.com/mig-1g.18gb, replicas: 2}]}}\n"
     )
-    proc = subprocess.run(
-        [
-            KUBEDEVICE,
-            "conformance",
-            "--strict",
-            "--log",
-            str(tmp_path / "plugin.log"),
-            "--",
-            KUBEDEVICE,
-            "nvidia",
-            "run",
-            "--nvml",
-            "fake:mig-mixed",
-            "--config",
-            str(config),
-            "--dev-root",
-            str(host.dev),
-            "--sys-root",
-            str(host.sys),
-            "--features-dir",
-            "",
-            "--pod-resources-socket",
-            str(tmp_path / "none.sock"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
+    out = _conformance(tmp_path, host, "mig-mixed", "--config", str(config), "--features-dir", "")
     assert "(0 MUST and 0 SHOULD failures)" in out
     for resource in ("nvidia.com/gpu", "nvidia.com/mig-1g.18gb", "nvidia.com/mig-4g.71gb"):
         assert f"PASS    MUST    allocate-healthy[{resource}]" in out

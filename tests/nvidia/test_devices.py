@@ -123,6 +123,8 @@ def test_numa_node_reading(tmp_path: Path) -> None:
     assert read_numa_node(tmp_path, "0000:18:00.0".upper()) == 1
     (pci / "numa_node").write_text("-1\n")
     assert read_numa_node(tmp_path, "0000:18:00.0") is None
+    (pci / "numa_node").write_text("junk")
+    assert read_numa_node(tmp_path, "0000:18:00.0") is None
     assert read_numa_node(tmp_path, "0000:99:00.0") is None  # missing file
     assert read_numa_node(tmp_path, "../../../etc") is None  # never a path outside sysRoot
 

@@ -114,22 +114,22 @@ class _Sink:
         self.health[uuid] = healthy
 
 
-async def test_xid_turns_unhealthy_within_100ms_then_recovers(fake: FakeNvml) -> None:
+async def test_xid_wakes_the_event_wait_then_recovers(fake: FakeNvml) -> None:
     gpus = [g.uuid for g in fake.gpus()]
     cfg = HealthConfig.model_validate({"quietPeriod": 0.2})
     state = HealthState(cfg, {u: u for u in gpus})
-    changes: asyncio.Queue[float] = asyncio.Queue()
+    changes: asyncio.Queue[None] = asyncio.Queue()
     sink = _Sink()
     monitor = HealthMonitor(
-        fake, state, lambda: changes.put_nowait(time.monotonic()), sink=sink, wait_timeout_ms=60000
+        fake, state, lambda: changes.put_nowait(None), sink=sink, wait_timeout_ms=60000
     )
     await monitor.start()
     try:
-        t0 = time.monotonic()
         fake.inject(HealthEvent(EventKind.XID, gpus[2], 48))
+        # the wait is 60 s long: only the event itself can wake it this soon (the latency
+        # is measured in bench/bench_nvidia.py, not here)
         async with asyncio.timeout(1):
-            changed_at = await changes.get()
-        assert changed_at - t0 < 0.1
+            await changes.get()
         assert not state.healthy(gpus[2])
         assert all(state.healthy(u) for u in gpus if u != gpus[2])
         assert sink.xids == [(gpus[2], 48)]

@@ -10,7 +10,7 @@ import pytest
 
 from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import Link, P2PLevel
-from kubedevice.nvidia.info import collect_info, format_info, link_cell, read_numa_node
+from kubedevice.nvidia.info import collect_info, format_info, link_cell
 from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_sysfs
 
 
@@ -95,16 +95,7 @@ def test_no_driver_raises_nvml_error(tmp_path: Path) -> None:
         collect_info(FakeNvml.from_file("no-driver"), tmp_path)
 
 
-def test_read_numa_node_and_cells(tmp_path: Path) -> None:
-    d = tmp_path / "bus/pci/devices/0000:01:00.0"
-    d.mkdir(parents=True)
-    (d / "numa_node").write_text("1\n")
-    assert read_numa_node(tmp_path, "0000:01:00.0") == 1
-    (d / "numa_node").write_text("-1\n")
-    assert read_numa_node(tmp_path, "0000:01:00.0") is None
-    (d / "numa_node").write_text("junk")
-    assert read_numa_node(tmp_path, "0000:01:00.0") is None
-    assert read_numa_node(tmp_path, "0000:02:00.0") is None
+def test_link_cells() -> None:
     assert link_cell(None) == "N/A"
     assert link_cell(Link(P2PLevel.MULTIPLE)) == "PXB"
     assert link_cell(Link(P2PLevel.HOSTBRIDGE)) == "PHB"

@@ -97,50 +97,15 @@ async def test_gpus_held_by_a_pod_carry_its_labels(emu: Emulator, fake: FakeNvml
     # values come from NVML (the fake): GPU 3's static reading, GPU 0's override
     reg2 = CollectorRegistry()
     m2 = GpuMetrics(fake, gpus, None, [RES], _to_gpu(fake), registry=reg2)
-    assert (
-        _value(
-            reg2,
-            "utilization_percent",
-            gpu="0",
-            uuid=gpus[0].uuid,
-            namespace="",
-            pod="",
-            container="",
-        )
-        == 91
-    )
-    assert (
-        _value(
-            reg2,
-            "utilization_percent",
-            gpu="3",
-            uuid=gpus[3].uuid,
-            namespace="",
-            pod="",
-            container="",
-        )
-        == 37
-    )
-    assert (
-        _value(reg2, "power_watts", gpu="3", uuid=gpus[3].uuid, namespace="", pod="", container="")
-        == 312.0
-    )
-    assert (
-        _value(
-            reg2,
-            "memory_total_bytes",
-            gpu="3",
-            uuid=gpus[3].uuid,
-            namespace="",
-            pod="",
-            container="",
-        )
-        == gpus[3].memory_total
-    )
-    assert (
-        _value(reg2, "processes", gpu="3", uuid=gpus[3].uuid, namespace="", pod="", container="")
-        == 1
-    )
+
+    def unheld(name: str, i: int) -> float | None:  # GPU i's value; no pod holds it
+        return _value(reg2, name, gpu=str(i), uuid=gpus[i].uuid, namespace="", pod="", container="")
+
+    assert unheld("utilization_percent", 0) == 91
+    assert unheld("utilization_percent", 3) == 37
+    assert unheld("power_watts", 3) == 312.0
+    assert unheld("memory_total_bytes", 3) == gpus[3].memory_total
+    assert unheld("processes", 3) == 1
     m2.close()
 
 

@@ -365,3 +365,27 @@ async def test_labels_follow_a_reloaded_features_dir(
         assert (second / "kubedevice-nvidia").exists()
         await p.reload(_config(flags={"featuresDir": None}))
         assert not (second / "kubedevice-nvidia").exists()
+
+
+async def test_reload_asks_nvml_for_the_topology_only_when_sys_root_changes(
+    emu: Emulator, dp_dir: Path, gpu_host: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    index = {g.info.uuid: g.info.index for g in host.nvml.machine.gpus}
+    asked: list[tuple[str, str]] = []
+    link = host.nvml.link
+
+    def counting_link(a: str, b: str) -> Any:
+        asked.append((a, b))
+        return link(a, b)
+
+    monkeypatch.setattr(host.nvml, "link", counting_link)
+    async with _plugins(host, dp_dir, _config()) as plugins:
+        await emu.wait_for_resource(GPU, allocatable=8, timeout=5)
+        assert len(asked) == 28  # every pair of 8 GPUs, once
+        await plugins.reload(_config(health={"quietPeriod": "200ms"}))
+        assert plugins.config.health.quiet_period == 0.2
+        assert len(asked) == 28  # the GPUs did not change: NVML is not asked again
+        # the kept topology still steers allocation to the NVLink clique
+        first = (await emu.apply_pod(pod("a", GPU, 4))).container("main")
+        assert sorted(index[u] for u in first.devices[GPU]) == [0, 1, 2, 3]

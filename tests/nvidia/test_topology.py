@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -203,17 +202,6 @@ def test_heuristic_16_gpus_matches_exact_on_a_structured_box() -> None:
         got = preferred_allocation(topo, [(x, x) for x in u], [], size)
         best = max(set_score(topo, list(c)) for c in itertools.combinations(u, size))
         assert set_score(topo, got) == best
-
-
-def test_heuristic_16_gpus_is_fast() -> None:
-    topo, u = _dgx16()
-    avail = [(x, x) for x in u]
-    preferred_allocation(topo, avail, [], 8)
-    t = time.perf_counter()
-    for _ in range(5):
-        preferred_allocation(topo, avail, [], 8)
-    per_call = (time.perf_counter() - t) / 5
-    assert per_call < 0.05  # the bench measures it properly (< 10 ms); this only guards blow-ups
 
 
 @settings(max_examples=40, deadline=None)

@@ -138,7 +138,8 @@ def run_command(
                 overrides=overrides,
                 metrics_address=metrics_address,
                 handle_sighup=True,
-                # real NVML cannot be woken: stopping may take one wait; the fake wakes at once
+                # both end a wait on interrupt (real NVML after its current 0.5 s slice);
+                # the shorter real wait gives up sooner on a driver call that hangs
                 wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
             )
 

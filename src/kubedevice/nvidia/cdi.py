@@ -14,13 +14,13 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.devices import CONTROL_NODES, Inventory
+from kubedevice.nvidia.files import replace_if_changed
 
 __all__ = [
     "CDI_KIND",
@@ -224,28 +224,15 @@ def write_spec(cdi_dir: str | os.PathLike[str], spec: dict[str, Any]) -> bool:
         ConfigError: The directory cannot be created or written.
     """
     directory = Path(cdi_dir)
-    target = directory / SPEC_FILE
     text = json.dumps(spec, indent=2, sort_keys=False) + "\n"
     try:
-        if target.read_text(encoding="utf-8") == text:
+        if not replace_if_changed(directory, SPEC_FILE, text):
             return False
-    except (OSError, UnicodeDecodeError):
-        pass
-    try:
-        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".kubedevice-nvidia-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
     except OSError as exc:
         why = exc.strerror or exc
         raise ConfigError(f"cannot write the CDI spec in {directory}: {why}") from exc
-    log.info("CDI spec written", extra={"path": str(target), "devices": len(spec["devices"])})
+    log.info(
+        "CDI spec written",
+        extra={"path": str(directory / SPEC_FILE), "devices": len(spec["devices"])},
+    )
     return True

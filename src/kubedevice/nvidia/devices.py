@@ -76,11 +76,6 @@ class GpuUnit:
     product: str
     memory: int
 
-    @property
-    def is_mig(self) -> bool:
-        """Whether this is a MIG device."""
-        return self.uuid != self.parent_uuid
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceEntry:
@@ -110,14 +105,6 @@ class Inventory:
     units: Mapping[str, GpuUnit]
     resources: Mapping[str, tuple[DeviceEntry, ...]]
     shared: frozenset[str] = frozenset()
-
-    def entry(self, resource: str, device_id: str) -> DeviceEntry | None:
-        """The device ``device_id`` of ``resource``, or ``None``."""
-        return next((e for e in self.resources.get(resource, ()) if e.id == device_id), None)
-
-    def units_of_gpu(self, gpu_uuid: str) -> list[GpuUnit]:
-        """The units on a physical GPU (the GPU itself or its MIG devices)."""
-        return [u for u in self.units.values() if u.parent_uuid == gpu_uuid]
 
 
 def read_numa_node(sys_root: str | os.PathLike[str], pci_bus_id: str) -> int | None:

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -49,7 +49,6 @@ class HealthSink(Protocol):
 class _Bad:
     policy: Literal["quiet", "reset"]
     reason: str
-    last_event: float
     next_check: float
     seen_down: bool = False
 
@@ -110,7 +109,6 @@ class HealthState:
         self._bad[uuid] = _Bad(
             policy=strongest,
             reason=reason if bad is None or policy == strongest else bad.reason,
-            last_event=now,
             next_check=now + wait,
             seen_down=(bad is not None and bad.seen_down) or event.kind is EventKind.GPU_LOST,
         )
@@ -155,12 +153,6 @@ class HealthState:
         bad.next_check = now + self.config.reset_check_interval
         return False
 
-    def forget(self, keep: Iterable[str]) -> None:
-        """Drop the state of UUIDs no longer known (after a re-enumeration)."""
-        kept = set(keep)
-        for uuid in [u for u in self._bad if u not in kept]:
-            del self._bad[uuid]
-
 
 class HealthMonitor:
     """Runs a :class:`HealthState` on a backend: the event thread and the recovery probes.
@@ -172,8 +164,9 @@ class HealthMonitor:
         state: The state machine (its ``parents`` are the UUIDs watched).
         on_change: Called on the loop after any health change.
         sink: Receives XIDs and health per UUID (the GPU metrics), or ``None``.
-        wait_timeout_ms: Longest single ``wait_event`` (bounds how long stopping takes
-            with real NVML, which cannot be interrupted).
+        wait_timeout_ms: Longest single ``wait_event``. Both backends end a wait on
+            ``interrupt()`` (the fake at once, real NVML at the end of its current wait
+            slice); :meth:`stop` gives the thread this long plus 1 s before leaving it.
     """
 
     def __init__(
@@ -195,8 +188,6 @@ class HealthMonitor:
         self._thread: threading.Thread | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._probing: asyncio.Task[None] | None = None
-        #: Events handled so far (for tests and the bench).
-        self.events_seen = 0
 
     async def start(self) -> None:
         """Register the GPUs' events and start the event thread."""
@@ -210,7 +201,7 @@ class HealthMonitor:
         self._thread.start()
 
     async def stop(self) -> None:
-        """Stop the thread (it wakes up at once, or after ``wait_timeout_ms``) and the timers."""
+        """Stop the thread (``interrupt()`` ends its wait) and the timers."""
         self._stop.set()
         with contextlib.suppress(Exception):
             self.backend.interrupt()
@@ -259,7 +250,6 @@ class HealthMonitor:
     # ---- on the loop -----------------------------------------------------------------
 
     def _handle(self, event: HealthEvent) -> None:
-        self.events_seen += 1
         if self.sink is not None and event.kind is EventKind.XID and event.xid is not None:
             self.sink.record_xid(self.state.probe_target(event.uuid), event.xid)
         if self.state.on_event(event, time.monotonic()):

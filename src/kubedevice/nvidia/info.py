@@ -21,11 +21,11 @@ from kubedevice.nvidia.backend import (
     NvmlBackend,
     P2PLevel,
 )
-from kubedevice.nvidia.devices import read_numa_node  # re-exported: part of this API
+from kubedevice.nvidia.devices import read_numa_node
 from kubedevice.nvidia.labels import compute_labels
 from kubedevice.nvidia.topology import build_topology
 
-__all__ = ["LEGEND", "collect_info", "format_info", "link_cell", "read_numa_node"]
+__all__ = ["LEGEND", "collect_info", "format_info", "link_cell"]
 
 _MIB = 1024 * 1024
 _LEVEL_CELL = {

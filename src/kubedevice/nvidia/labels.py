@@ -14,8 +14,6 @@ The label names are those GPU feature discovery users know (``nvidia.com/gpu.pro
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -23,6 +21,7 @@ from pathlib import Path
 
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo
+from kubedevice.nvidia.files import replace_if_changed
 
 __all__ = [
     "FEATURES_DIR",
@@ -196,36 +195,10 @@ def write_feature_file(
     """
     _check_name(name)
     text = render_feature_file(labels)
-    target = directory / name
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        if _read_nofollow(target) == text:
-            return False
-        tmp = directory / f".{name}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.fchmod(fd, 0o644)  # world-readable whatever the umask: nfd-worker reads it
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        return replace_if_changed(directory, name, text)
     except OSError as e:
         raise ConfigError(f"features dir {directory}: cannot write {name}: {e.strerror}") from e
-    return True
-
-
-def _read_nofollow(path: Path) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
-        return f.read(MAX_FEATURE_FILE_BYTES + 1)
 
 
 def remove_feature_file(directory: Path, name: str = "kubedevice-nvidia") -> bool:

@@ -99,12 +99,6 @@ class GpuMetrics(Collector):
         with self._lock:
             self._xids[(uuid, xid)] = self._xids.get((uuid, xid), 0) + 1
 
-    def set_gpus(self, gpus: Sequence[GpuInfo]) -> None:
-        """Replace the reported GPUs (after a reload); the next scrape sweeps again."""
-        with self._lock:
-            self._gpus = list(gpus)
-            self._last_sweep = None
-
     def close(self) -> None:
         """Unregister and close the PodResources channel."""
         if self._registry is not None:

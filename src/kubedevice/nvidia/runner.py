@@ -30,7 +30,7 @@ from kubedevice.nvidia.devices import Inventory, build_inventory, read_numa_node
 from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.labels import compute_labels, remove_feature_file, write_feature_file
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
-from kubedevice.nvidia.topology import build_topology, preferred_allocation
+from kubedevice.nvidia.topology import Topology, build_topology, preferred_allocation
 from kubedevice.plugin.daemon import PluginDaemon, run_daemon, serve_metrics
 from kubedevice.plugin.metrics import PluginMetrics
 from kubedevice.plugin.server import PluginServer
@@ -150,6 +150,7 @@ class GpuPlugins(PluginDaemon):
         self._wait_timeout_ms = wait_timeout_ms
         self._plugins: dict[str, GpuResourcePlugin] = {}
         self._derived: _Derived | None = None
+        self._topology: tuple[str, Topology] | None = None  # (sysRoot, what NVML said)
         self._gpu_metrics: GpuMetrics | None = None
         self._metrics_resources: list[str] = []
         self._device_gpu: dict[str, str] = {}
@@ -264,8 +265,7 @@ class GpuPlugins(PluginDaemon):
                 driver_files=files,
                 host_driver_root=config.flags.effective_host_driver_root,
             )
-        numa = {g.uuid: read_numa_node(config.flags.sys_root, g.pci_bus_id) for g in hw.gpus}
-        topology = build_topology(self.backend, hw.gpus, numa) if hw.driver is not None else None
+        topology = self._topology_for(config.flags.sys_root)
         prefer = None if topology is None else functools.partial(preferred_allocation, topology)
         labels = None
         if hw.driver is not None:
@@ -280,6 +280,20 @@ class GpuPlugins(PluginDaemon):
                 replicas=replicas,
             )
         return _Derived(config, inventory, spec, prefer, labels)
+
+    def _topology_for(self, sys_root: str) -> Topology | None:
+        """The GPUs' topology (NVML asked about every pair; blocking).
+
+        Built once: the GPUs never change, so a reload asks NVML again only when it
+        changes ``sysRoot`` (where the NUMA nodes are read).
+        """
+        hw = self.hardware
+        if hw.driver is None:
+            return None
+        if self._topology is None or self._topology[0] != sys_root:
+            numa = {g.uuid: read_numa_node(sys_root, g.pci_bus_id) for g in hw.gpus}
+            self._topology = (sys_root, build_topology(self.backend, hw.gpus, numa))
+        return self._topology[1]
 
     async def _write_labels(self, derived: _Derived) -> None:
         """Write the labels file; remove one this plugin wrote where it no longer belongs.
@@ -440,8 +454,9 @@ async def run_gpu_plugin(
 ) -> None:
     """Run the GPU plugin until ``stop`` is set.
 
-    ``wait_timeout_ms`` bounds each NVML event wait: real NVML cannot be interrupted, so
-    it is how long stopping may take (the fake wakes at once and can wait much longer).
+    ``wait_timeout_ms`` bounds each NVML event wait, and so how long stopping waits for
+    an event thread that does not answer ``interrupt()`` (real NVML answers at the end of
+    its current wait slice, the fake at once).
 
     Raises:
         NvmlError: NVML cannot start and ``failOnInitError`` is set.

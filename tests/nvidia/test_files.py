@@ -1,0 +1,47 @@
+"""replace_if_changed: atomic, 0644, no-op when current, a symlink at the target never followed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kubedevice.nvidia.files import replace_if_changed
+
+
+def test_writes_once_then_leaves_a_current_file_alone(tmp_path: Path) -> None:
+    d = tmp_path / "new" / "dir"
+    old = os.umask(0o077)
+    try:
+        assert replace_if_changed(d, "spec.json", "one\n") is True
+    finally:
+        os.umask(old)
+    target = d / "spec.json"
+    assert target.read_text() == "one\n"
+    assert target.stat().st_mode & 0o777 == 0o644  # readable by runtimes whatever the umask
+    inode = target.stat().st_ino
+    assert replace_if_changed(d, "spec.json", "one\n") is False
+    assert target.stat().st_ino == inode  # not rewritten
+    assert replace_if_changed(d, "spec.json", "one\ntwo\n") is True
+    assert target.read_text() == "one\ntwo\n"
+    assert sorted(p.name for p in d.iterdir()) == ["spec.json"]  # no temporary file left
+
+
+def test_symlink_at_the_target_is_replaced_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_text("same\n")
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "f").symlink_to(outside)
+    assert replace_if_changed(d, "f", "same\n") is True  # a symlink is never "current"
+    assert not (d / "f").is_symlink()
+    assert (d / "f").read_text() == "same\n"
+    assert outside.read_text() == "same\n"
+
+
+def test_unwritable_directory_raises_oserror(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError):
+        replace_if_changed(blocker / "sub", "f", "x")
