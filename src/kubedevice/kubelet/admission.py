@@ -56,15 +56,15 @@ class _AllocFailed(Exception):
 
 
 class Admitter:
-    """Admits pods one at a time against a ``DeviceManager``."""
+    """Admits pods one at a time against a ``DeviceManager``.
+
+    ``policy`` and ``scope`` are one of ``POLICIES`` and ``SCOPES`` (the ``Emulator``
+    checks them when it is built, before any ``Admitter`` exists).
+    """
 
     def __init__(
         self, manager: DeviceManager, policy: str = "none", scope: str = "container"
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown topology manager policy {policy!r}")
-        if scope not in SCOPES:
-            raise ValueError(f"unknown topology manager scope {scope!r}")
         self.m = manager
         self.policy = policy
         self.scope = scope
