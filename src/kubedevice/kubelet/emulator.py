@@ -281,7 +281,8 @@ class Emulator:
         # The kubelet's CleanupPluginDirectory removes every socket before Registration is
         # served. Here only those that existed before this kubelet started (the previous
         # generation's) go: a plugin that starts together with the emulator and made its
-        # socket meanwhile cannot have registered yet and must not lose it.
+        # socket meanwhile cannot have registered yet and must not lose it. (The stat is
+        # made now, after the listing: a socket replaced since then is new, so kept.)
         for entry in os.scandir(self.device_plugin_dir):
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -290,9 +291,7 @@ class Emulator:
                 if st.st_ctime_ns > before_ns:
                     log.debug("keeping %s: made after the emulator started", entry.path)
                     continue
-                now = os.lstat(entry.path)
-                if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):  # not replaced since
-                    os.unlink(entry.path)
+                os.unlink(entry.path)
             except FileNotFoundError:
                 continue
 
