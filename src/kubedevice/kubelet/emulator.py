@@ -27,7 +27,7 @@ from typing import Any
 from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
 from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
 from kubedevice.kubelet.admission import POLICIES, SCOPES, Admitter, StartResult
-from kubedevice.kubelet.checkpoint import CheckpointWriter
+from kubedevice.kubelet.checkpoint import CheckpointWriter, write_atomic
 from kubedevice.kubelet.control import CLIENT_GONE, ControlServer, control_socket_path, state_dir
 from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
 from kubedevice.kubelet.events import EventLog, Notifier
@@ -528,15 +528,9 @@ class Emulator:
             if key in self._pods:  # two UIDs for one name: keep the later one
                 log.warning("pod journal: %s/%s is in it twice; keeping the later", *key)
             self._pods[key] = p
-        tmp = self._journal.with_name(f".{self._journal.name}.tmp")
+        text = "".join(json.dumps({"add": _spec_to_json(p)}) + "\n" for p in self._pods.values())
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                for p in self._pods.values():
-                    os.write(fd, (json.dumps({"add": _spec_to_json(p)}) + "\n").encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._journal)
+            write_atomic(self._journal, text.encode())
         except OSError as exc:
             log.error("cannot rewrite pod journal: %s", exc)
 
