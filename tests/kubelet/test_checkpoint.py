@@ -198,3 +198,28 @@ async def test_flapping_plugin_checkpoint_writes_coalesced(dp_dir: Path) -> None
                         break
             assert writes <= 2  # not one per message
         await p.stop()
+
+
+async def test_coalesced_resource_does_not_delay_another(dp_dir: Path) -> None:
+    a, b = "example.com/flap", "example.com/new"
+    async with Emulator(dp_dir, control_socket=False, checkpoint_interval_s=60) as emu:
+        pa = RawPlugin(dp_dir, a, devs(2))
+        await pa.start()
+        await emu.wait_for_resource(a, allocatable=2)
+        pa.devices[0] = Dev("d0", "Unhealthy")
+        pa.push()  # within the interval of a's first write: deferred by a minute
+        await emu.wait_for_resource(a, allocatable=1)
+        with Inotify() as ino:
+            ino.add_watch(dp_dir, Mask.MOVED_TO)
+            pb = RawPlugin(dp_dir, b, devs(1), name="b.sock")
+            await pb.start()
+            while True:  # b's first message is written at once, with a's pending change
+                event = await asyncio.wait_for(ino.get(), 5)
+                if event.name is not None and event.name.name == "kubelet_internal_checkpoint":
+                    data = loads((dp_dir / "kubelet_internal_checkpoint").read_bytes())
+                    assert data.registered is not None
+                    if b in data.registered:
+                        break
+            assert list(data.registered[a] or ()) == ["d1"]
+        await pb.stop()
+        await pa.stop()

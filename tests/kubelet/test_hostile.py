@@ -141,6 +141,24 @@ async def _line(reader: asyncio.StreamReader) -> dict[str, Any]:
     return json.loads(await asyncio.wait_for(reader.readline(), 15))  # type: ignore[no-any-return]
 
 
+async def _cli_apply(
+    dp_dir: Path, sock_dir: Path, manifest: dict[str, Any]
+) -> asyncio.subprocess.Process:
+    """Start ``kubedevice pod apply`` on ``manifest`` (stdout and stderr piped)."""
+    f = sock_dir / "p.yaml"
+    f.write_text(json.dumps(manifest))
+    return await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "kubedevice"),
+        "pod",
+        "apply",
+        "-f",
+        str(f),
+        env={**os.environ, "DP_DEVICE_PLUGIN_DIR": str(dp_dir)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 async def test_hung_allocate_reported_and_abandoned_requests_dropped(
     dp_dir: Path, sock_dir: Path, plugin: PluginFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -152,18 +170,7 @@ async def test_hung_allocate_reported_and_abandoned_requests_dropped(
         entered, release = asyncio.Event(), asyncio.Event()
         p.allocate_gate = (entered, release)
         # the CLI: it reports the pending Allocate and its socket instead of timing out
-        f = sock_dir / "p.yaml"
-        f.write_text(json.dumps(pod_manifest("p", {R: 1})))
-        cli = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "kubedevice"),
-            "pod",
-            "apply",
-            "-f",
-            str(f),
-            env={**os.environ, "DP_DEVICE_PLUGIN_DIR": str(dp_dir)},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        cli = await _cli_apply(dp_dir, sock_dir, pod_manifest("p", {R: 1}))
         assert cli.stderr is not None
         await asyncio.wait_for(entered.wait(), 15)
         waiting = (await asyncio.wait_for(cli.stderr.readline(), 15)).decode()
@@ -196,18 +203,7 @@ async def test_cli_stream_end_during_allocate_exits_3(
         await emu.wait_for_resource(R, allocatable=1)
         entered, release = asyncio.Event(), asyncio.Event()
         p.allocate_gate = (entered, release)
-        f = sock_dir / "p.yaml"
-        f.write_text(json.dumps(pod_manifest("p", {B: 1, R: 1})))
-        cli = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "kubedevice"),
-            "pod",
-            "apply",
-            "-f",
-            str(f),
-            env={**os.environ, "DP_DEVICE_PLUGIN_DIR": str(dp_dir)},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        cli = await _cli_apply(dp_dir, sock_dir, pod_manifest("p", {B: 1, R: 1}))
         await asyncio.wait_for(entered.wait(), 15)
         p.end_streams()  # the SDK's own shutdown does this with an Allocate in flight
         _, err = await asyncio.wait_for(cli.communicate(), 30)

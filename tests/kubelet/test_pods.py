@@ -230,3 +230,13 @@ def test_manifest_uid_is_ignored() -> None:
     a, b = parse_pod(m), parse_pod(m)
     assert "same" not in (a.uid, b.uid)  # the API server assigns a fresh UID on create
     assert a.uid != b.uid
+
+
+def test_aliasing_limit_counts_every_document() -> None:
+    # each document expands to about 300,000 nodes (under the limit); four together exceed it
+    doc = "a: &a [0,0,0,0,0,0,0,0]\n" + "".join(
+        f"{c}: &{c} [{','.join([f'*{p}'] * 8)}]\n" for p, c in zip("abcde", "bcdef", strict=True)
+    )
+    assert len(load_manifests(doc)) == 1
+    with pytest.raises(ManifestError, match="excessive aliasing"):
+        load_manifests("---\n".join([doc] * 4))

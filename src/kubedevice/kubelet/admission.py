@@ -13,7 +13,7 @@ import heapq
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kubedevice.errors import AdmissionError, PluginRpcError
@@ -56,31 +56,27 @@ class _AllocFailed(Exception):
 
 
 class Admitter:
-    """Admits pods one at a time against a ``DeviceManager``."""
+    """Admits pods one at a time against a ``DeviceManager``.
+
+    ``policy`` and ``scope`` are one of ``POLICIES`` and ``SCOPES`` (the ``Emulator``
+    checks them when it is built, before any ``Admitter`` exists).
+    """
 
     def __init__(
         self, manager: DeviceManager, policy: str = "none", scope: str = "container"
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown topology manager policy {policy!r}")
-        if scope not in SCOPES:
-            raise ValueError(f"unknown topology manager scope {scope!r}")
         self.m = manager
         self.policy = policy
         self.scope = scope
 
     # ------------------------------------------------------------------ topology
 
-    def _cares(self, resource: str) -> bool:
-        r = self.m.resources.get(resource)
-        return r is not None and any(d.numa for d in r.devices.values())
-
     def _resource_hints(
         self, resource: str, request: int, reusable: set[str], numa: Sequence[int]
     ) -> list[Hint] | None:
         r = self.m.resources.get(resource)
-        if r is None or not self._cares(resource):
-            return None
+        if r is None or not any(d.numa for d in r.devices.values()):
+            return None  # no topology preference
         available = r.healthy - self.m.allocated.get(resource, set())
         if len(available | reusable) < request:
             return []
@@ -88,7 +84,7 @@ class Admitter:
         all_sets = Counter(d.numa for d in r.devices.values())
         avail_sets = Counter(r.devices[d].numa for d in available)
         reuse_sets = [r.devices[d].numa for d in reusable if d in r.devices and r.devices[d].numa]
-        hints: list[Hint] = []
+        masks: list[frozenset[int]] = []
         min_size = len(numa)
         for size in range(1, len(numa) + 1):
             for combo in itertools.combinations(numa, size):
@@ -101,8 +97,8 @@ class Admitter:
                 matching = len(reuse_sets)
                 matching += sum(n for s, n in avail_sets.items() if mask.intersection(s))
                 if matching >= request:
-                    hints.append(Hint(mask, False))
-        return [Hint(h.nodes, h.nodes is not None and len(h.nodes) == min_size) for h in hints]
+                    masks.append(mask)
+        return [Hint(m, len(m) == min_size) for m in masks]
 
     def _numa(self) -> tuple[int, ...]:
         # ids a bitmask cannot hold (negative, >= 64) are not NUMA nodes of any machine
@@ -157,24 +153,17 @@ class Admitter:
             best = Hint(None, best.preferred)
         return best, self.policy == "best-effort" or best.preferred
 
-    def container_hints(
-        self, c: ContainerSpec, reuse: dict[str, set[str]]
+    def _hints(
+        self, request: Mapping[str, int], reuse: Mapping[str, set[str]]
     ) -> dict[str, list[Hint] | None]:
-        """The device manager's ``GetTopologyHints`` for one container."""
+        """The device manager's ``GetTopologyHints`` (one container's limits, with the
+        devices its init containers leave to it) or ``GetPodTopologyHints`` (the pod's
+        effective request, nothing to reuse)."""
         numa = self._numa()
         out: dict[str, list[Hint] | None] = {}
-        for res, count in sorted(c.limits.items()):
+        for res, count in sorted(request.items()):
             if count > 0 and res in self.m.resources:
                 out[res] = self._resource_hints(res, count, reuse.get(res, set()), numa)
-        return out
-
-    def pod_hints(self, pod: PodSpec) -> dict[str, list[Hint] | None]:
-        """The device manager's ``GetPodTopologyHints``: the pod's effective request."""
-        numa = self._numa()
-        out: dict[str, list[Hint] | None] = {}
-        for res, count in sorted(pod_device_request(pod).items()):
-            if count > 0 and res in self.m.resources:
-                out[res] = self._resource_hints(res, count, set(), numa)
         return out
 
     # ------------------------------------------------------------------ device choice
@@ -221,7 +210,7 @@ class Admitter:
         aligned: set[str] = set()
         unaligned: set[str] = set()
         no_topology: set[str] = set()
-        if hint is None or hint.nodes is None or not self._cares(resource):
+        if hint is None or hint.nodes is None:
             no_topology = set(available)
         else:
             for d in available:
@@ -238,9 +227,7 @@ class Admitter:
             )
             if take(preferred & aligned):
                 return allocated
-            if take(aligned):
-                return allocated
-        if take(aligned):
+        if take(aligned):  # always enough when more were aligned than needed
             return allocated
         preferred = await self._preferred(
             resource, available | chosen, set(allocated), required, pod, c
@@ -311,7 +298,9 @@ class Admitter:
         reuse: dict[str, set[str]] = {}
         pod_hint: Hint | None = None
         if self.policy != "none" and self.scope == "pod":
-            pod_hint = self._decide(f"pod {pod.namespace}/{pod.name}", self.pod_hints(pod))
+            pod_hint = self._decide(
+                f"pod {pod.namespace}/{pod.name}", self._hints(pod_device_request(pod), {})
+            )
         try:
             for c in pod.containers:
                 if self.policy == "none":
@@ -320,7 +309,7 @@ class Admitter:
                     hint = pod_hint
                 else:
                     who = f"pod {pod.namespace}/{pod.name} container {c.name}"
-                    hint = self._decide(who, self.container_hints(c, reuse))
+                    hint = self._decide(who, self._hints(c.limits, reuse))
                 await self._allocate_container(pod, c, reuse, hint)
                 mine = self.m.container_devices(pod.uid, c.name)
                 for res, a in mine.items():

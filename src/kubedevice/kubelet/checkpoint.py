@@ -30,6 +30,7 @@ __all__ = [
     "dumps",
     "loads",
     "render_for_hash",
+    "write_atomic",
 ]
 
 _FNV_OFFSET = 0x811C9DC5
@@ -374,12 +375,17 @@ class CheckpointWriter:
         )
 
     def write(self) -> None:
-        """Write atomically: ``.``-prefixed temp file in the same dir, then rename."""
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        data = self.content()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        """Write atomically (:func:`write_atomic`)."""
+        write_atomic(self.path, self.content())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` (mode 0600): ``.``-prefixed temp file in the same
+    dir, then rename, so a reader sees the old or the new content, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

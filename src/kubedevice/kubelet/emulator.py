@@ -27,7 +27,7 @@ from typing import Any
 from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
 from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
 from kubedevice.kubelet.admission import POLICIES, SCOPES, Admitter, StartResult
-from kubedevice.kubelet.checkpoint import CheckpointWriter
+from kubedevice.kubelet.checkpoint import CheckpointWriter, write_atomic
 from kubedevice.kubelet.control import CLIENT_GONE, ControlServer, control_socket_path, state_dir
 from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
 from kubedevice.kubelet.events import EventLog, Notifier
@@ -281,7 +281,8 @@ class Emulator:
         # The kubelet's CleanupPluginDirectory removes every socket before Registration is
         # served. Here only those that existed before this kubelet started (the previous
         # generation's) go: a plugin that starts together with the emulator and made its
-        # socket meanwhile cannot have registered yet and must not lose it.
+        # socket meanwhile cannot have registered yet and must not lose it. (The stat is
+        # made now, after the listing: a socket replaced since then is new, so kept.)
         for entry in os.scandir(self.device_plugin_dir):
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -290,9 +291,7 @@ class Emulator:
                 if st.st_ctime_ns > before_ns:
                     log.debug("keeping %s: made after the emulator started", entry.path)
                     continue
-                now = os.lstat(entry.path)
-                if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):  # not replaced since
-                    os.unlink(entry.path)
+                os.unlink(entry.path)
             except FileNotFoundError:
                 continue
 
@@ -529,15 +528,9 @@ class Emulator:
             if key in self._pods:  # two UIDs for one name: keep the later one
                 log.warning("pod journal: %s/%s is in it twice; keeping the later", *key)
             self._pods[key] = p
-        tmp = self._journal.with_name(f".{self._journal.name}.tmp")
+        text = "".join(json.dumps({"add": _spec_to_json(p)}) + "\n" for p in self._pods.values())
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                for p in self._pods.values():
-                    os.write(fd, (json.dumps({"add": _spec_to_json(p)}) + "\n").encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._journal)
+            write_atomic(self._journal, text.encode())
         except OSError as exc:
             log.error("cannot rewrite pod journal: %s", exc)
 

@@ -253,6 +253,7 @@ class DeviceManager:
         if self._deferred is not None:
             self._deferred.cancel()
             self._deferred = None
+        self._last_write.clear()
         for r in self.resources.values():
             if r.grace is not None:
                 r.grace.cancel()
@@ -301,16 +302,16 @@ class DeviceManager:
         checkpoint on every message. Each write is still atomic (temp file + rename), so a
         crash loses at most the last interval's health changes, never an allocation.
         """
-        if self._deferred is not None:
-            self.notifier.notify()
-            return
         now = time.monotonic()
         wait = self._last_write.get(resource, -math.inf) + self.checkpoint_interval_s - now
-        if wait <= 0:
+        if wait <= 0:  # also writes another resource's deferred change
             self._last_write[resource] = now
             self.write_checkpoint()
             return
         self._last_write[resource] = now + wait
+        if self._deferred is not None:  # a write is due anyway; it will carry this change
+            self.notifier.notify()
+            return
         self._deferred = asyncio.get_running_loop().call_later(wait, self.write_checkpoint)
         self.notifier.notify()
 
