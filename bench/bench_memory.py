@@ -45,7 +45,7 @@ IMPORT_STEPS = [
     "yaml",
     "prometheus_client",
     "pydantic",
-    "kubedevice.generic",  # the generic plugin's config models and the rest
+    "kubedevice.generic.runner",  # the generic daemon: config models, discovery, runner
 ]
 
 _IMPORTS_CODE = """
