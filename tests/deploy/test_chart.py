@@ -306,6 +306,12 @@ def test_static_manifests_validate_and_match_the_chart() -> None:
             assert ds["spec"]["updateStrategy"] == rendered["spec"]["updateStrategy"]
             # same pod spec as `helm install kubedevice charts/kubedevice -n kube-system`
             assert ds["spec"]["template"]["spec"] == rendered["spec"]["template"]["spec"], path
+            # what the pod spec cannot show: its selector picks its pods, its ConfigMap exists
+            selector = ds["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+            [cm] = by_kind(docs, "ConfigMap")
+            volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+            assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"], path
 
 
 def test_validation_is_strict() -> None:
