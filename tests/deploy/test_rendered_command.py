@@ -30,6 +30,7 @@ from deploy.render import by_kind, daemonset, render
 from kubedevice.demo import free_port, pod_manifest, scrape
 from kubedevice.generic.fake import FakeHost
 from kubedevice.kubelet import Emulator
+from kubedevice.nvidia import nvml_fake
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -47,8 +48,6 @@ class Component:
     prepare_host: Callable[[FakeHost], dict[str, str]]
     #: make every device vanish or fail (proves which tree and hardware it watches)
     unplug: Callable[[FakeHost], None]
-    #: skip unless this module is importable (a component not in this tree)
-    needs: str | None = None
 
 
 def _fuse(host: FakeHost) -> dict[str, str]:
@@ -60,8 +59,6 @@ _GPU_MACHINE = "pcie-4gpu"
 
 
 def _gpus(host: FakeHost) -> dict[str, str]:
-    from kubedevice.nvidia import nvml_fake
-
     machine = nvml_fake.load_machine(_GPU_MACHINE)
     nvml_fake.write_fake_dev(machine, host.dev_root)
     nvml_fake.write_fake_sysfs(machine, host.sys_root)
@@ -72,8 +69,6 @@ def _gpus(host: FakeHost) -> dict[str, str]:
 
 
 def _gpus_lost(host: FakeHost) -> None:
-    from kubedevice.nvidia import nvml_fake
-
     for gpu in nvml_fake.load_machine(_GPU_MACHINE).gpus:
         nvml_fake.send_control(host.root / "nvml.sock", {"op": "lost", "uuid": gpu.info.uuid})
 
@@ -94,7 +89,6 @@ COMPONENTS = [
         4,
         _gpus,
         _gpus_lost,
-        needs="kubedevice.nvidia.nvml_fake",
     ),
 ]
 
@@ -160,8 +154,6 @@ async def stopper() -> AsyncIterator[list[asyncio.subprocess.Process]]:
 async def test_rendered_container_registers_with_the_emulator(
     comp: Component, sock_dir: Path, stopper: list[asyncio.subprocess.Process]
 ) -> None:
-    if comp.needs is not None:
-        pytest.importorskip(comp.needs, reason=f"the {comp.name} plugin is not in this tree")
     docs = render(values=comp.values)
     ds = daemonset(docs, comp.name)
     [container] = ds["spec"]["template"]["spec"]["containers"]
