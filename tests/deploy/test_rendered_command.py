@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from deploy.render import by_kind, daemonset, render
+from deploy.render import by_kind, container, daemonset, render
 from kubedevice.demo import free_port, pod_manifest, scrape
 from kubedevice.generic.fake import FakeHost
 from kubedevice.kubelet import Emulator
@@ -96,10 +96,9 @@ COMPONENTS = [
 def _lay_out(docs: list[dict[str, Any]], ds: dict[str, Any], root: Path, node: Path) -> None:
     """Create every volume mount of the pod under ``root`` (hostPath volumes in ``node``)."""
     pod = ds["spec"]["template"]["spec"]
-    [container] = pod["containers"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     config_maps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
-    for m in container["volumeMounts"]:
+    for m in container(ds)["volumeMounts"]:
         target = root / m["mountPath"].lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         vol = volumes[m["name"]]
@@ -156,16 +155,16 @@ async def test_rendered_container_registers_with_the_emulator(
 ) -> None:
     docs = render(values=comp.values)
     ds = daemonset(docs, comp.name)
-    [container] = ds["spec"]["template"]["spec"]["containers"]
-    mounts = [m["mountPath"] for m in container["volumeMounts"]]
+    ctr = container(ds)
+    mounts = [m["mountPath"] for m in ctr["volumeMounts"]]
     node = sock_dir / "node"
     host = FakeHost(node)
     fake_hardware = comp.prepare_host(host)
     root = sock_dir / "c"
     _lay_out(docs, ds, root, node)
     port = free_port()
-    argv = container["command"] + _rewrite(container["args"], mounts, root, port)
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    argv = ctr["command"] + _rewrite(ctr["args"], mounts, root, port)
+    env = {e["name"]: e["value"] for e in ctr.get("env", [])}
     env.update(fake_hardware)
     # A guard only: the rendered args name the directory (test_chart checks it), and this
     # keeps a plugin that ignored them off the real host's kubelet directory.
