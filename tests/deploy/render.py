@@ -76,7 +76,7 @@ def daemonset(docs: Iterable[dict[str, Any]], component: str) -> dict[str, Any]:
 def container(ds: dict[str, Any]) -> dict[str, Any]:
     """The one container of a DaemonSet's pod."""
     [c] = ds["spec"]["template"]["spec"]["containers"]
-    return c  # type: ignore[no-any-return]
+    return c
 
 
 def dump(doc: Any) -> str:
