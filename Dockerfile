@@ -8,8 +8,8 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md LICENSE ./
 COPY src ./src
-# Wheels for kubedevice with the generic and nvidia extras (an extra this version does not
-# define is skipped with a warning) and everything they need, at the pinned versions.
+# Wheels for kubedevice with the generic and nvidia extras and everything they need, at the
+# pinned versions.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[generic,nvidia]" dumb-init
 
 FROM ${PYTHON_IMAGE}

@@ -19,7 +19,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,9 +26,11 @@ from typing import Any
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no shutdown chatter
 
+from _common import PY, ROOT, cpu_model, terminate_all
+
+from kubedevice.demo import pod_manifest
 from kubedevice.kubelet import Emulator
 
-ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "tests" / "kubelet" / "rawplugin.py"
 ENV = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
 PLUGINS = 10
@@ -41,7 +42,7 @@ RUNS = 5
 def _plugin(d: Path, i: int) -> subprocess.Popen[str]:
     resource = f"bench.example.com/r{i}"
     return subprocess.Popen(
-        [sys.executable, str(RAW), "--dir", str(d), "--resource", resource,
+        [PY, str(RAW), "--dir", str(d), "--resource", resource,
          "--count", str(PER_PLUGIN), "--prefix", f"r{i}-", "--numa", "2",
          "--name", f"r{i}.sock"],
         stdout=subprocess.PIPE, text=True, env=ENV,
@@ -51,7 +52,7 @@ def _plugin(d: Path, i: int) -> subprocess.Popen[str]:
 async def _inspect(dp_dir: Path) -> tuple[float, dict[str, Any], int]:
     start = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kubedevice", "inspect", "-o", "json",
+        PY, "-m", "kubedevice", "inspect", "-o", "json",
         "--device-plugin-dir", str(dp_dir),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=ENV,
     )  # fmt: skip
@@ -94,18 +95,7 @@ async def main() -> dict[str, Any]:
                 )
             for n in range(PODS):
                 res = f"bench.example.com/r{n % PLUGINS}"
-                await emu.apply_pod(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "metadata": {"name": f"p{n}"},
-                        "spec": {
-                            "containers": [
-                                {"name": "c", "image": "x", "resources": {"limits": {res: 4}}}
-                            ]
-                        },
-                    }
-                )
+                await emu.apply_pod(pod_manifest(f"p{n}", res, 4))
             healthy, doc = await _series(dp_dir)
             ok = [p for p in doc["plugins"] if p["state"] == "ok"]
             assert sum(p["devices"] for p in ok) == PLUGINS * PER_PLUGIN, doc["plugins"]
@@ -117,14 +107,11 @@ async def main() -> dict[str, Any]:
             assert states == ["no-answer"] + ["ok"] * PLUGINS, states
     finally:
         hang.close()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
+        terminate_all(procs)
         shutil.rmtree(base, ignore_errors=True)
     return {
         "benchmark": "inspect",
-        "machine": f"{os.cpu_count()} CPU, {platform.processor() or platform.machine()}",
+        "cpu_model": cpu_model(),
         "python": platform.python_version(),
         "plugins": PLUGINS,
         "devices": PLUGINS * PER_PLUGIN,

@@ -114,15 +114,20 @@ def _kubeconfig(path: Path, server: str) -> Path:
     return path
 
 
-def _run(tmp_path: Path, server: str, *args: str) -> subprocess.CompletedProcess[str]:
-    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", server)
+def _advertise(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubedevice advertise ARGS`` as a process, with HOME in ``tmp_path`` (no user config)."""
     return subprocess.run(
-        [sys.executable, "-m", "kubedevice", "advertise", "--kubeconfig", str(kubeconfig), *args],
+        [sys.executable, "-m", "kubedevice", "advertise", *args],
         capture_output=True,
         text=True,
         timeout=60,
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
+
+
+def _run(tmp_path: Path, server: str, *args: str) -> subprocess.CompletedProcess[str]:
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", server)
+    return _advertise(tmp_path, "--kubeconfig", str(kubeconfig), *args)
 
 
 def test_add_and_remove(api: FakeApi, tmp_path: Path) -> None:
@@ -223,20 +228,12 @@ def test_unreachable_api_server(tmp_path: Path) -> None:
 
 
 def test_missing_kubeconfig(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "kubedevice", "advertise", "--kubeconfig", str(tmp_path / "no"),
-         "n1", "example.com/foo=1"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    proc = _advertise(tmp_path, "--kubeconfig", str(tmp_path / "no"), "n1", "example.com/foo=1")
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
     assert line == f"error: kubeconfig {tmp_path / 'no'} does not exist"
     (tmp_path / "bad").write_text("clusters: 7\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "kubedevice", "advertise", "--kubeconfig", str(tmp_path / "bad"),
-         "n1", "example.com/foo=1"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    proc = _advertise(tmp_path, "--kubeconfig", str(tmp_path / "bad"), "n1", "example.com/foo=1")
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"error: cannot load Kubernetes credentials ({tmp_path / 'bad'}): ")

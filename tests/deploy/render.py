@@ -73,6 +73,12 @@ def daemonset(docs: Iterable[dict[str, Any]], component: str) -> dict[str, Any]:
     return ds
 
 
+def container(ds: dict[str, Any]) -> dict[str, Any]:
+    """The one container of a DaemonSet's pod."""
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    return c
+
+
 def dump(doc: Any) -> str:
     """YAML text of ``doc`` (for messages)."""
     return yaml.safe_dump(doc, sort_keys=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from deploy.render import daemonset, render
+from deploy.render import container, daemonset, render
 from kubedevice.cli.main import SUBCOMMANDS, cli
 
 
@@ -25,10 +25,8 @@ def _command(path: list[str]) -> click.Command:
 )
 def test_rendered_options_exist(component: str, depth: int) -> None:
     docs = render(values={"nvidia.enabled": "true"})
-    [container] = daemonset(docs, component)["spec"]["template"]["spec"]["containers"]
-    args = container["args"]
-    if args[0] not in SUBCOMMANDS:
-        pytest.skip(f"`kubedevice {args[0]}` is not in this tree")
+    args = container(daemonset(docs, component))["args"]
+    assert args[0] in SUBCOMMANDS, f"`kubedevice {args[0]}` does not exist"
     cmd = _command(args[:depth])
     known = {opt for p in cmd.params for opt in p.opts if opt.startswith("--")}
     passed = [a for a in args[depth:] if a.startswith("--")]

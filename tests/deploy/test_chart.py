@@ -14,6 +14,7 @@ from deploy.render import (
     CHART,
     STATIC,
     by_kind,
+    container,
     daemonset,
     load_static,
     render,
@@ -36,13 +37,8 @@ GPU_ARGS = [
 ]  # fmt: skip
 
 
-def _container(ds: dict[str, Any]) -> dict[str, Any]:
-    [c] = ds["spec"]["template"]["spec"]["containers"]
-    return c
-
-
 def _mounts(ds: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {m["mountPath"]: m for m in _container(ds)["volumeMounts"]}
+    return {m["mountPath"]: m for m in container(ds)["volumeMounts"]}
 
 
 def _host_path(ds: dict[str, Any], mount_path: str) -> str:
@@ -76,7 +72,7 @@ def test_default_render_is_the_generic_plugin_only_and_valid() -> None:
     assert ds["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     pod = ds["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
-    c = _container(ds)
+    c = container(ds)
     assert c["image"] == "kubedevice:0.1.0"
     assert c["command"] == ["dumb-init", "--", "kubedevice"]
     assert c["args"] == [
@@ -101,7 +97,7 @@ def test_gpu_component_renders_and_validates() -> None:
         (t["key"], t["effect"]) for t in pod["tolerations"] if t.get("key") == "nvidia.com/gpu"
     }
     assert gpu_tolerations == {("nvidia.com/gpu", "NoSchedule"), ("nvidia.com/gpu", "NoExecute")}
-    c = _container(ds)
+    c = container(ds)
     want = list(GPU_ARGS)
     want[want.index("--host-driver-root") + 1] = "/run/nvidia/driver"
     assert c["args"] == want
@@ -147,11 +143,11 @@ def test_gpu_runtime_class_and_security_context_overrides() -> None:
     validate_all(docs)
     gpu = daemonset(docs, "nvidia")
     assert "runtimeClassName" not in gpu["spec"]["template"]["spec"]
-    sc = _container(gpu)["securityContext"]
+    sc = container(gpu)["securityContext"]
     assert sc["privileged"] is True
     assert sc["allowPrivilegeEscalation"] is True
     assert sc["capabilities"] == {"drop": ["ALL"]}  # the rest of the shared context stays
-    assert _container(daemonset(docs, "generic"))["securityContext"]["privileged"] is False
+    assert container(daemonset(docs, "generic"))["securityContext"]["privileged"] is False
 
 
 def test_set_file_config_is_kept_verbatim(tmp_path: Path) -> None:
@@ -228,13 +224,13 @@ def test_usual_values(tmp_path: Path) -> None:
     assert tmpl["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert tmpl["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": "25%", "maxSurge": 0}
-    c = _container(ds)
+    c = container(ds)
     assert c["image"] == "registry.example.com/kubedevice:1.2.3"
     assert c["resources"]["limits"]["memory"] == "128Mi"
     digest = "sha256:" + "ab" * 32
     docs = render(values={"image.digest": digest, "nameOverride": "devs"})
     ds = daemonset(docs, "generic")
-    assert _container(ds)["image"] == f"kubedevice@{digest}"
+    assert container(ds)["image"] == f"kubedevice@{digest}"
     assert ds["metadata"]["name"] == "kubedevice-devs"
 
 
@@ -257,7 +253,7 @@ def test_metrics_service_and_pod_monitor() -> None:
     ):
         ds = daemonset(docs, component)
         pod_labels = ds["spec"]["template"]["metadata"]["labels"]
-        ports = {p["name"]: p["containerPort"] for p in _container(ds)["ports"]}
+        ports = {p["name"]: p["containerPort"] for p in container(ds)["ports"]}
         svc = services[svc_name]
         assert svc["spec"]["clusterIP"] == "None"
         assert svc["spec"]["selector"].items() <= pod_labels.items()
@@ -306,6 +302,12 @@ def test_static_manifests_validate_and_match_the_chart() -> None:
             assert ds["spec"]["updateStrategy"] == rendered["spec"]["updateStrategy"]
             # same pod spec as `helm install kubedevice charts/kubedevice -n kube-system`
             assert ds["spec"]["template"]["spec"] == rendered["spec"]["template"]["spec"], path
+            # what the pod spec cannot show: its selector picks its pods, its ConfigMap exists
+            selector = ds["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+            [cm] = by_kind(docs, "ConfigMap")
+            volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+            assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"], path
 
 
 def test_validation_is_strict() -> None:

@@ -10,6 +10,7 @@ import yaml
 
 from deploy.render import ROOT, STATIC, by_kind, load_static, render
 from kubedevice.generic import parse_config
+from kubedevice.nvidia.config import parse_config as parse_gpu_config
 
 
 @functools.cache
@@ -92,9 +93,6 @@ def test_rolling_update_never_surges() -> None:
 
 @pytest.mark.parametrize("source", ["chart", "static"])
 def test_gpu_config_is_valid(source: str) -> None:
-    nvidia_config = pytest.importorskip(
-        "kubedevice.nvidia.config", reason="the GPU plugin is not in this tree"
-    )
     if source == "chart":
         docs = render(values={"nvidia.enabled": "true"})
         [cm] = [
@@ -102,5 +100,5 @@ def test_gpu_config_is_valid(source: str) -> None:
         ]
     else:
         [cm] = by_kind(load_static(ROOT / "deploy/kubedevice-nvidia.yaml"), "ConfigMap")
-    config = nvidia_config.parse_config(yaml.safe_load(cm["data"]["config.yaml"]), source)
+    config = parse_gpu_config(yaml.safe_load(cm["data"]["config.yaml"]), source)
     assert config.flags.mig_strategy == "none"

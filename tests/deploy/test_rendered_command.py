@@ -17,10 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import sys
-import tempfile
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +26,11 @@ from typing import Any
 import psutil
 import pytest
 
-from deploy.render import by_kind, daemonset, render
+from deploy.render import by_kind, container, daemonset, render
+from kubedevice.demo import free_port, pod_manifest, scrape
 from kubedevice.generic.fake import FakeHost
 from kubedevice.kubelet import Emulator
+from kubedevice.nvidia import nvml_fake
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -49,8 +48,6 @@ class Component:
     prepare_host: Callable[[FakeHost], dict[str, str]]
     #: make every device vanish or fail (proves which tree and hardware it watches)
     unplug: Callable[[FakeHost], None]
-    #: skip unless this module is importable (a component not in this tree)
-    needs: str | None = None
 
 
 def _fuse(host: FakeHost) -> dict[str, str]:
@@ -62,8 +59,6 @@ _GPU_MACHINE = "pcie-4gpu"
 
 
 def _gpus(host: FakeHost) -> dict[str, str]:
-    from kubedevice.nvidia import nvml_fake
-
     machine = nvml_fake.load_machine(_GPU_MACHINE)
     nvml_fake.write_fake_dev(machine, host.dev_root)
     nvml_fake.write_fake_sysfs(machine, host.sys_root)
@@ -74,8 +69,6 @@ def _gpus(host: FakeHost) -> dict[str, str]:
 
 
 def _gpus_lost(host: FakeHost) -> None:
-    from kubedevice.nvidia import nvml_fake
-
     for gpu in nvml_fake.load_machine(_GPU_MACHINE).gpus:
         nvml_fake.send_control(host.root / "nvml.sock", {"op": "lost", "uuid": gpu.info.uuid})
 
@@ -96,33 +89,16 @@ COMPONENTS = [
         4,
         _gpus,
         _gpus_lost,
-        needs="kubedevice.nvidia.nvml_fake",
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def root() -> Any:
-    path = Path(tempfile.mkdtemp(prefix="kd-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _lay_out(docs: list[dict[str, Any]], ds: dict[str, Any], root: Path, node: Path) -> None:
     """Create every volume mount of the pod under ``root`` (hostPath volumes in ``node``)."""
     pod = ds["spec"]["template"]["spec"]
-    [container] = pod["containers"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     config_maps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
-    for m in container["volumeMounts"]:
+    for m in container(ds)["volumeMounts"]:
         target = root / m["mountPath"].lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         vol = volumes[m["name"]]
@@ -175,22 +151,20 @@ async def stopper() -> AsyncIterator[list[asyncio.subprocess.Process]]:
 
 @pytest.mark.parametrize("comp", COMPONENTS, ids=lambda c: c.name)
 async def test_rendered_container_registers_with_the_emulator(
-    comp: Component, root: Path, stopper: list[asyncio.subprocess.Process]
+    comp: Component, sock_dir: Path, stopper: list[asyncio.subprocess.Process]
 ) -> None:
-    if comp.needs is not None:
-        pytest.importorskip(comp.needs, reason=f"the {comp.name} plugin is not in this tree")
     docs = render(values=comp.values)
     ds = daemonset(docs, comp.name)
-    [container] = ds["spec"]["template"]["spec"]["containers"]
-    mounts = [m["mountPath"] for m in container["volumeMounts"]]
-    node = root / "node"
+    ctr = container(ds)
+    mounts = [m["mountPath"] for m in ctr["volumeMounts"]]
+    node = sock_dir / "node"
     host = FakeHost(node)
     fake_hardware = comp.prepare_host(host)
-    root = root / "c"
+    root = sock_dir / "c"
     _lay_out(docs, ds, root, node)
-    port = _free_port()
-    argv = container["command"] + _rewrite(container["args"], mounts, root, port)
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    port = free_port()
+    argv = ctr["command"] + _rewrite(ctr["args"], mounts, root, port)
+    env = {e["name"]: e["value"] for e in ctr.get("env", [])}
     env.update(fake_hardware)
     # A guard only: the rendered args name the directory (test_chart checks it), and this
     # keeps a plugin that ignored them off the real host's kubelet directory.
@@ -215,28 +189,15 @@ async def test_rendered_container_registers_with_the_emulator(
             err = (await proc.stderr.read()).decode(errors="replace")
             raise AssertionError(f"{argv} did not register:\n{err[-3000:]}") from None
         assert status.connected
-        pod = await emu.apply_pod(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "user"},
-                "spec": {
-                    "containers": [
-                        {"name": "c", "image": "x", "resources": {"limits": {comp.resource: 1}}}
-                    ]
-                },
-            }
-        )
+        pod = await emu.apply_pod(pod_manifest("user", comp.resource, 1))
         [c] = pod.containers
         specs = c.runtime.devices
         assert specs, "the allocation carries device nodes"
         for spec in specs:  # host paths as the node sees them, not the /host mount
             assert spec.host_path.startswith("/dev/"), spec
             assert not spec.host_path.startswith(str(root)), spec
-        body = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-        )
-        assert b"# TYPE" in body
+        body = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
+        assert "# TYPE" in body
         comp.unplug(host)  # the node's /dev, seen through the /host/dev mount, not this /dev
         await emu.wait_for_resource(comp.resource, allocatable=0, timeout=10)
         proc.send_signal(signal.SIGTERM)  # to dumb-init, which forwards it

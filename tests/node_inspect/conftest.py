@@ -66,8 +66,7 @@ async def node(emu: Emulator, dp_dir: Path) -> AsyncIterator[Node]:
     )
     try:
         for p in (foo, bar):
-            await p.serve()
-            await p.register()
+            await p.start()
         await emu.wait_for_resource(FOO, allocatable=3)
         await emu.wait_for_resource(BAR, allocatable=3)
         await emu.wait_for_resource(COUNTER, allocatable=4, timeout=20)

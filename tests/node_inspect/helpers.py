@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kubelet"))
 
 from rawplugin import RawPlugin
 
+from kubedevice.demo import pod_manifest
 from kubedevice.kubelet import Emulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,16 +23,8 @@ COUNTER = "example.com/counter"
 
 
 def pod(name: str, resource: str, n: int, container: str = "c") -> dict[str, Any]:
-    """A one-container Pod manifest asking for ``n`` of ``resource``."""
-    limits = {resource: n}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "team"},
-        "spec": {
-            "containers": [{"name": container, "image": "x", "resources": {"limits": limits}}]
-        },
-    }
+    """A one-container Pod manifest in namespace ``team`` asking for ``n`` of ``resource``."""
+    return pod_manifest(name, resource, n, namespace="team", container=container, image="x")
 
 
 @dataclass

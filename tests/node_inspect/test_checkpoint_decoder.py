@@ -47,7 +47,8 @@ def test_writer_and_reader_agree(data: CheckpointData) -> None:
             want.container,
             want.resource,
         )
-        assert got.alloc_resp_bytes == (None if want.alloc_resp is None else len(want.alloc_resp))
+        assert got.devices_per_numa == want.device_ids
+    assert cp.registered == data.registered
 
 
 def test_tampered_content_is_a_mismatch_not_an_error(tmp_path: Path) -> None:

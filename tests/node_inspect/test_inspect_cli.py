@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kubedevice.kubelet.checkpoint import CheckpointData, CheckpointEntry, dumps, loads
 from node_inspect.helpers import BAR, COUNTER, FOO, Node, inspect_json, run_inspect
@@ -109,35 +112,30 @@ async def test_checksum_mismatch_is_reported_not_fatal(node: Node) -> None:
     assert len(cp["entries"]) == len(good.entries or ())  # still decoded and shown
 
 
-async def test_clean_node_exits_0(emu: Any, dp_dir: Path) -> None:
+@pytest.fixture
+async def clean_node(emu: Any, dp_dir: Path) -> AsyncIterator[Path]:
+    """One registered plugin with two healthy devices, nothing else: its plugin dir."""
     from rawplugin import RawPlugin, devs
 
-    p = RawPlugin(dp_dir, FOO, devs(2))
-    await p.serve()
-    await p.register()
+    p = await RawPlugin(dp_dir, FOO, devs(2)).start()
     try:
         await emu.wait_for_resource(FOO, allocatable=2)
-        rc, doc, err = await inspect_json(dp_dir)
-        assert (rc, doc["findings"], doc["inputErrors"], err) == (0, [], [], "")
+        yield dp_dir
     finally:
         await p.stop()
 
 
-async def test_relative_paths_are_dialled(emu: Any, dp_dir: Path) -> None:
+async def test_clean_node_exits_0(clean_node: Path) -> None:
+    rc, doc, err = await inspect_json(clean_node)
+    assert (rc, doc["findings"], doc["inputErrors"], err) == (0, [], [], "")
+
+
+async def test_relative_paths_are_dialled(clean_node: Path) -> None:
     """``--device-plugin-dir dp`` from the parent directory, as a user types it."""
-    from rawplugin import RawPlugin, devs
-
-    p = RawPlugin(dp_dir, FOO, devs(2))
-    await p.serve()
-    await p.register()
-    try:
-        await emu.wait_for_resource(FOO, allocatable=2)
-        rc, out, err = await run_inspect(Path(dp_dir.name), "-o", "json", cwd=dp_dir.parent)
-        doc = json.loads(out)
-        assert (rc, doc["findings"], doc["inputErrors"], err) == (0, [], [], "")
-        assert [(x["state"], x["devices"]) for x in doc["plugins"]] == [("ok", 2)]
-    finally:
-        await p.stop()
+    rc, out, err = await run_inspect(Path(clean_node.name), "-o", "json", cwd=clean_node.parent)
+    doc = json.loads(out)
+    assert (rc, doc["findings"], doc["inputErrors"], err) == (0, [], [], "")
+    assert [(x["state"], x["devices"]) for x in doc["plugins"]] == [("ok", 2)]
 
 
 async def test_missing_dir_is_one_line_exit_2(sock_dir: Path) -> None:

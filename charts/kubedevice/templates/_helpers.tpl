@@ -53,19 +53,122 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- if kindIs "string" . -}}{{ . }}{{- else -}}{{ toYaml . }}{{- end -}}
 {{- end -}}
 
-{{/* Pod template fields both components share. */}}
+{{/* The DaemonSet's metadata and selector, and its pod template's labels:
+(dict "root" $ "component" "generic"|"nvidia"). */}}
+{{- define "kubedevice.daemonSetMeta" -}}
+metadata:
+  name: {{ include "kubedevice.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "kubedevice.labels" . | nindent 4 }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "kubedevice.selectorLabels" . | nindent 6 }}
+  updateStrategy:
+    {{- toYaml .root.Values.updateStrategy | nindent 4 }}
+{{- end -}}
+
+{{/* A component's pod labels (the selector's, the usual ones, podLabels): (dict "root" $
+"component" ...). */}}
+{{- define "kubedevice.podLabels" -}}
+{{ include "kubedevice.labels" . }}
+{{- with .root.Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod template fields both components share, with the component's scheduling:
+(dict "root" $ "component" ...). */}}
 {{- define "kubedevice.podCommon" -}}
+{{- $v := .root.Values -}}
+{{- $c := index $v .component -}}
 automountServiceAccountToken: false
 enableServiceLinks: false
-{{- with .Values.priorityClassName }}
+{{- with $v.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .Values.imagePullSecrets }}
+{{- with $v.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.podSecurityContext }}
+{{- with $v.podSecurityContext }}
 securityContext:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with $c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Container fields both components share (image, command, metrics port, resources):
+(dict "root" $ "component" ...). The args, env and mounts stay in each DaemonSet. */}}
+{{- define "kubedevice.containerCommon" -}}
+{{- $c := index .root.Values .component -}}
+image: {{ include "kubedevice.image" .root | quote }}
+imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+# dumb-init (pid 1) forwards signals and reaps health-check children.
+command: ["dumb-init", "--", "kubedevice"]
+{{- if $c.metrics.enabled }}
+ports:
+  - name: metrics
+    containerPort: {{ $c.metrics.port }}
+    protocol: TCP
+{{- end }}
+resources:
+  {{- toYaml $c.resources | nindent 2 }}
+{{- end -}}
+
+{{/* The logging environment both components get (root context). */}}
+{{- define "kubedevice.logEnv" -}}
+- name: KUBEDEVICE_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: KUBEDEVICE_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+{{- end -}}
+
+{{/* Mounts both components have: the kubelet's plugin dir, the host's /dev and /sys. */}}
+{{- define "kubedevice.hostMounts" -}}
+- name: device-plugins
+  mountPath: /var/lib/kubelet/device-plugins
+- name: host-dev
+  mountPath: /host/dev
+  readOnly: true
+  mountPropagation: HostToContainer
+- name: host-sys
+  mountPath: /host/sys
+  readOnly: true
+{{- end -}}
+
+{{/* The volumes behind "kubedevice.hostMounts", and the component's config volume:
+(dict "root" $ "component" ...). */}}
+{{- define "kubedevice.commonVolumes" -}}
+{{- $c := index .root.Values .component -}}
+- name: device-plugins
+  hostPath:
+    path: {{ .root.Values.devicePluginDir }}
+    type: Directory
+- name: host-dev
+  hostPath:
+    path: /dev
+    type: Directory
+- name: host-sys
+  hostPath:
+    path: /sys
+    type: Directory
+- name: config
+  configMap:
+    name: {{ $c.existingConfigMap | default (printf "%s-config" (include "kubedevice.componentName" .)) }}
+    items:
+      - key: config.yaml
+        path: config.yaml
 {{- end -}}

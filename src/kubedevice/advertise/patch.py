@@ -66,6 +66,8 @@ class PatchRequest:
 
     node: str
     operations: tuple[dict[str, Any], ...]
+    #: The resource name of each operation, in the same order (unescaped).
+    resources: tuple[str, ...]
 
     @property
     def path(self) -> str:
@@ -87,18 +89,18 @@ def build_patch(node: str, add: Sequence[str], remove: Sequence[str]) -> PatchRe
     if not add and not remove:
         raise ConfigError("nothing to do: give RESOURCE=COUNT and/or --remove RESOURCE")
     ops: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    seen: dict[str, None] = {}  # ordered: one name per operation
     for text in add:
         name, count = parse_assignment(text)
         if name in seen:
             raise ConfigError(f"{name} is given twice")
-        seen.add(name)
+        seen[name] = None
         path = "/status/capacity/" + escape_pointer(name)
         ops.append({"op": "add", "path": path, "value": str(count)})
     for name in remove:
         validate_resource_name(name)
         if name in seen:
             raise ConfigError(f"{name} is given twice")
-        seen.add(name)
+        seen[name] = None
         ops.append({"op": "remove", "path": "/status/capacity/" + escape_pointer(name)})
-    return PatchRequest(node, tuple(ops))
+    return PatchRequest(node, tuple(ops), tuple(seen))

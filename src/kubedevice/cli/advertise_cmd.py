@@ -58,8 +58,7 @@ def advertise_command(
     except KubeDeviceError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
-    for op in request.operations:
-        name = op["path"].removeprefix("/status/capacity/").replace("~1", "/").replace("~0", "~")
+    for op, name in zip(request.operations, request.resources, strict=True):
         now = capacity.get(name)
         state = f"capacity {now}" if now is not None else "not in capacity"
         click.echo(f"{node}: {op['op']} {name}: {state}")

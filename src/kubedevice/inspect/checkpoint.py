@@ -33,7 +33,6 @@ class CheckpointAllocation:
     resource: str
     #: NUMA node (-1 = none) -> device IDs; ``None`` where the file has ``null``.
     devices_per_numa: Mapping[int, Sequence[str] | None] | None
-    alloc_resp_bytes: int | None
 
     @property
     def device_ids(self) -> list[str]:
@@ -122,6 +121,7 @@ def _strings(value: Any, where: str) -> list[str] | None:
 
 
 def _entry(raw: Any, i: int) -> tuple[CheckpointAllocation, bytes | None]:
+    """One entry and its AllocResp bytes (kept only to compute the checksum)."""
     where = f"PodDeviceEntries[{i}]"
     if not isinstance(raw, dict):
         raise CheckpointError(f"{where} is not an object")
@@ -151,11 +151,7 @@ def _entry(raw: Any, i: int) -> tuple[CheckpointAllocation, bytes | None]:
         except binascii.Error as exc:
             raise CheckpointError(f"{where}.AllocResp is not valid base64") from exc
     alloc = CheckpointAllocation(
-        text["PodUID"],
-        text["ContainerName"],
-        text["ResourceName"],
-        per_numa,
-        None if resp is None else len(resp),
+        text["PodUID"], text["ContainerName"], text["ResourceName"], per_numa
     )
     return alloc, resp
 
