@@ -59,3 +59,33 @@ async def test_pod_resources_socket_that_never_answers(dp_dir: Path, sock_dir: P
     assert report.input_errors[0].startswith("PodResources List: no answer within")
     assert report.pod_resources is not None
     assert report.pod_resources.assigned == []
+
+
+async def test_a_full_accept_backlog_is_reported_as_not_answering(sock_dir: Path) -> None:
+    """A socket whose accept backlog is full is reported as not answering, at once."""
+    from kubedevice.inspect.probe import probe_socket
+
+    path = sock_dir / "full.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)  # never accepts
+    waiting: list[socket.socket] = []
+    try:
+        for _ in range(8):  # fill the backlog: the next connect would block
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect(str(path))
+            except BlockingIOError:
+                c.close()
+                break
+            waiting.append(c)
+        result = await probe_socket(path, timeout=2.0)
+        assert (result.state, result.detail) == (
+            "no-answer",
+            "its accept backlog is full: it does not accept connections",
+        )
+    finally:
+        for c in waiting:
+            c.close()
+        server.close()

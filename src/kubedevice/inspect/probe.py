@@ -78,6 +78,8 @@ def _connect_state(path: str) -> tuple[str, str]:
         return "stale", "nothing is listening: a stale socket file (its process is gone)"
     except PermissionError:
         return "error", "permission denied (run as root, like the kubelet)"
+    except BlockingIOError:  # a Unix socket with a timeout answers EAGAIN at once
+        return "no-answer", "its accept backlog is full: it does not accept connections"
     except TimeoutError:
         return "no-answer", "connect timed out (backlog full?)"
     except OSError as exc:
