@@ -31,8 +31,7 @@ from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.labels import compute_labels, remove_feature_file, write_feature_file
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import Topology, build_topology, preferred_allocation
-from kubedevice.plugin.daemon import PluginDaemon, run_daemon, serve_metrics
-from kubedevice.plugin.metrics import PluginMetrics
+from kubedevice.plugin.daemon import PluginDaemon, run_daemon
 from kubedevice.plugin.server import PluginServer
 
 if TYPE_CHECKING:
@@ -139,10 +138,7 @@ class GpuPlugins(PluginDaemon):
         # the content in force, taken now: an edit from here on is seen by the watcher
         self._config_digest = file_digest(self._config_path) if self._config_path else None
         self._changes: FileChanges | None = None
-        self._metrics_address = metrics_address
-        self._metrics = PluginMetrics() if metrics_address is not None else None
-        self._http: Any = None
-        self.server = PluginServer(device_plugin_dir, metrics=self._metrics)
+        self.server = PluginServer(device_plugin_dir, metrics_address=metrics_address)
         """The SDK server hosting the plugins (``wait_registered`` etc.)."""
         self.hardware = Hardware(None, (), {})
         self.health: HealthState | None = None
@@ -178,10 +174,7 @@ class GpuPlugins(PluginDaemon):
     @property
     def metrics_url(self) -> str | None:
         """Where the Prometheus metrics are served (the real port when ``:0`` was asked)."""
-        if self._http is None:
-            return None
-        host, port = self._http.server_address[:2]
-        return f"http://{host}:{port}/metrics"
+        return self.server.metrics_url
 
     def plugin(self, resource: str) -> GpuResourcePlugin:
         """The plugin serving ``resource``."""
@@ -204,8 +197,6 @@ class GpuPlugins(PluginDaemon):
         derived = await asyncio.to_thread(self._derive, self._config)
         self.health = HealthState(self._config.health, self.hardware.parents)
         await self.server.start()
-        if self._metrics is not None and self._metrics_address is not None:
-            await self._serve_metrics(self._metrics, self._metrics_address)
         await self._apply(derived)
         self._sync_metrics()
         await self._sync_monitor()
@@ -217,10 +208,6 @@ class GpuPlugins(PluginDaemon):
             )
         log.info("serving %.1f ms after start", (time.monotonic() - t0) * 1000)
         log.info("GPU plugin started", extra={"resources": ",".join(self._plugins)})
-
-    async def _serve_metrics(self, metrics: PluginMetrics, address: str) -> None:
-        self._http = serve_metrics(metrics, address)
-        log.info("metrics on %s", self.metrics_url)
 
     async def _stop(self) -> None:
         """Stop the health thread, watchers and the server."""
@@ -239,10 +226,6 @@ class GpuPlugins(PluginDaemon):
         if self._gpu_metrics is not None:
             self._gpu_metrics.close()
             self._gpu_metrics = None
-        http, self._http = self._http, None
-        if http is not None:
-            await asyncio.to_thread(http.shutdown)  # blocks up to its poll interval
-            http.server_close()
         await self.server.stop()
         if self.hardware.driver is not None:
             with contextlib.suppress(NvmlError):
@@ -384,7 +367,8 @@ class GpuPlugins(PluginDaemon):
 
     def _sync_metrics(self) -> None:
         """Per-GPU metrics for the resources served now (a new collector when they change)."""
-        if self._metrics is None or self.hardware.driver is None:
+        metrics = self.server.metrics
+        if metrics is None or self.hardware.driver is None:
             return
         resources = sorted(self._plugins)
         current = self._gpu_metrics
@@ -401,7 +385,7 @@ class GpuPlugins(PluginDaemon):
             Path(socket),
             resources,
             self._device_gpu.get,
-            registry=self._metrics.registry,
+            registry=metrics.registry,
         )
         self._metrics_resources = resources
         if self.health is not None:

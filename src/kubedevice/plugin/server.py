@@ -540,9 +540,17 @@ class PluginServer:
                 await self._watcher.stop()
                 self._watcher = None
                 raise
-            log.info("metrics on http://%s/metrics", self.metrics_address)
+            log.info("metrics on %s", self.metrics_url)
         self.state = ServerState.RUNNING
         log.info("plugin server watching %s", self.device_plugin_dir)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the metrics are served while running (the real port when ``:0`` was asked)."""
+        if self._http is None:
+            return None
+        host, port = self._http.server_address[:2]
+        return f"http://{host}:{port}/metrics"
 
     async def stop(self) -> None:
         """Stop every plugin: end the streams, remove the sockets. Idempotent."""
