@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 
 from kubedevice.generic import FakeHost
-from kubedevice.generic.watcher import DirWatcher
+from kubedevice.generic.watcher import DirWatcher, FileChanges, file_digest
 
 
 async def test_watcher_reports_and_follows_directories(host: FakeHost) -> None:
@@ -61,3 +62,38 @@ def test_fake_host_layout(host: FakeHost) -> None:
 def test_fake_host_refuses_paths_outside(host: FakeHost, bad: str) -> None:
     with pytest.raises(ValueError, match=r"must not contain|is not under"):
         host.add_char_device(bad)
+
+
+async def test_file_changes_reports_an_edit_made_before_its_watch(tmp_path: Path) -> None:
+    """The digest is taken before the config is loaded; an edit made between that and the
+    watch being set up raises no inotify event, and must still be reported."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    before = file_digest(config)
+    config.write_text("version: v1\nresources: []\n")  # edited while the daemon starts
+    changes = FileChanges(config, before)
+    try:
+        async with asyncio.timeout(5):
+            await changes.changed()
+        assert changes.digest == file_digest(config)
+        # and nothing more until the next real edit
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await changes.changed()
+        config.write_text("version: v1\nresources: [] # again\n")
+        async with asyncio.timeout(5):
+            await changes.changed()
+    finally:
+        changes.close()
+
+
+async def test_file_changes_without_an_edit_waits(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    changes = FileChanges(config, file_digest(config))
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await changes.changed()
+    finally:
+        changes.close()

@@ -106,6 +106,7 @@ def run_command(
     SIGHUP or a change to the config file reloads it (an invalid one is rejected and the
     old one keeps running); SIGTERM or SIGINT stops cleanly with status 0.
     """
+    from kubedevice.generic.watcher import file_digest
     from kubedevice.nvidia.backends import open_backend
     from kubedevice.nvidia.config import load_config
     from kubedevice.nvidia.runner import run_gpu_plugin
@@ -119,6 +120,8 @@ def run_command(
         "features_dir": features_dir,
         "pod_resources_socket": pod_resources_socket,
     }
+    # taken before the load: an edit made from here on is reloaded once the watch is set up
+    digest = file_digest(config_path) if config_path is not None else None
     try:
         config = load_config(config_path).with_overrides(**overrides)
         backend = open_backend(nvml)
@@ -134,6 +137,7 @@ def run_command(
                 backend,
                 stop=stop,
                 config_path=config_path,
+                config_digest=digest,
                 device_plugin_dir=device_plugin_dir,
                 overrides=overrides,
                 metrics_address=metrics_address,

@@ -43,6 +43,8 @@ class GenericPlugins(PluginDaemon):
             default, ``$DP_DEVICE_PLUGIN_DIR`` or ``/var/lib/kubelet/device-plugins``).
         config_path: The file ``config`` came from; when set, the file is watched and
             :meth:`reload` re-reads it.
+        config_digest: :func:`file_digest` of ``config_path`` taken before ``config`` was
+            loaded from it (an edit made since is then reloaded); taken now when ``None``.
         metrics_address: ``host:port`` for Prometheus metrics, or ``None``.
         dev_root: Overrides ``devRoot`` of this and every reloaded config.
         sys_root: Overrides ``sysRoot`` of this and every reloaded config.
@@ -54,6 +56,7 @@ class GenericPlugins(PluginDaemon):
         *,
         device_plugin_dir: str | os.PathLike[str] | None = None,
         config_path: str | os.PathLike[str] | None = None,
+        config_digest: str | None = None,
         metrics_address: str | None = None,
         dev_root: str | None = None,
         sys_root: str | None = None,
@@ -63,7 +66,9 @@ class GenericPlugins(PluginDaemon):
         config = config.with_roots(dev_root, sys_root)
         self._config = config
         self._config_path = Path(config_path).absolute() if config_path is not None else None
-        self._config_digest = file_digest(self._config_path) if self._config_path else None
+        if config_digest is None and self._config_path is not None:
+            config_digest = file_digest(self._config_path)
+        self._config_digest = config_digest
         # A bad metrics address fails here, before start; the server serves the metrics.
         self.server = PluginServer(device_plugin_dir, metrics_address=metrics_address)
         """The SDK server hosting the plugins (``wait_registered`` etc.)."""
@@ -373,15 +378,18 @@ async def run_generic(
         ConfigError: The config is invalid.
     """
     path: Path | None = None
+    digest: str | None = None
     if isinstance(config, Config):
         cfg = config
     else:
         path = Path(config)
+        digest = file_digest(path)  # before the load: an edit from here on is reloaded
         cfg = load_config(path)
     plugins = GenericPlugins(
         cfg,
         device_plugin_dir=device_plugin_dir,
         config_path=path,
+        config_digest=digest,
         metrics_address=metrics_address,
         dev_root=dev_root,
         sys_root=sys_root,

@@ -105,17 +105,25 @@ class FileChanges:
 
     Args:
         path: The file.
-        digest: The content already seen (:func:`file_digest`); read now when ``None``.
+        digest: The content in force (:func:`file_digest` taken *before* it was loaded);
+            read now when ``None``. A change made between that moment and this watch
+            being set up is reported by the first :meth:`changed`.
     """
 
     def __init__(self, path: Path, digest: str | None = None) -> None:
         self.path = path
-        self.digest = digest if digest is not None else file_digest(path)
         self._watcher = DirWatcher(CONFIG_MASK)
         self._watcher.watch_exactly(_file_dirs(path))
+        now = file_digest(path)  # after the watch: later edits raise events
+        self.digest = digest if digest is not None else now
+        self._missed = now is not None and now != self.digest
 
     async def changed(self) -> None:
         """Return once the file's content differs from the last one seen."""
+        if self._missed:
+            self._missed = False
+            self.digest = file_digest(self.path)
+            return
         while True:
             await self._watcher.changed()
             self._watcher.watch_exactly(_file_dirs(self.path))

@@ -113,6 +113,8 @@ class GpuPlugins(PluginDaemon):
         backend: The NVML backend, not yet initialised.
         device_plugin_dir: The kubelet's device plugin directory.
         config_path: The file ``config`` came from; watched, and re-read by :meth:`reload`.
+        config_digest: ``file_digest`` of ``config_path`` taken before ``config`` was loaded
+            from it (an edit made since is then reloaded); taken now when ``None``.
         overrides: Flags given on the command line (``Flags`` field names); they win over
             every reloaded config too.
         metrics_address: ``host:port`` for Prometheus metrics, or ``None``.
@@ -126,6 +128,7 @@ class GpuPlugins(PluginDaemon):
         *,
         device_plugin_dir: str | os.PathLike[str] | None = None,
         config_path: str | os.PathLike[str] | None = None,
+        config_digest: str | None = None,
         overrides: Mapping[str, str | None] | None = None,
         metrics_address: str | None = None,
         wait_timeout_ms: int = 1000,
@@ -135,8 +138,10 @@ class GpuPlugins(PluginDaemon):
         self._config = config.with_overrides(**self._overrides)
         self.backend = backend
         self._config_path = Path(config_path).absolute() if config_path is not None else None
-        # the content in force, taken now: an edit from here on is seen by the watcher
-        self._config_digest = file_digest(self._config_path) if self._config_path else None
+        # the content in force, taken before it was loaded: an edit since is reloaded
+        if config_digest is None and self._config_path is not None:
+            config_digest = file_digest(self._config_path)
+        self._config_digest = config_digest
         self._changes: FileChanges | None = None
         self.server = PluginServer(device_plugin_dir, metrics_address=metrics_address)
         """The SDK server hosting the plugins (``wait_registered`` etc.)."""
@@ -429,6 +434,7 @@ async def run_gpu_plugin(
     *,
     stop: asyncio.Event,
     config_path: str | os.PathLike[str] | None = None,
+    config_digest: str | None = None,
     device_plugin_dir: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, str | None] | None = None,
     metrics_address: str | None = None,
@@ -452,6 +458,7 @@ async def run_gpu_plugin(
         backend,
         device_plugin_dir=device_plugin_dir,
         config_path=config_path,
+        config_digest=config_digest,
         overrides=overrides,
         metrics_address=metrics_address,
         wait_timeout_ms=wait_timeout_ms,
