@@ -41,7 +41,7 @@ from _common import ROOT, cpu_model, stop_process
 
 sys.path.insert(0, str(ROOT / "tests"))
 
-from e2e.cluster import (  # noqa: E402
+from e2e.cluster import (
     NODE,
     Cluster,
     find_binaries,
@@ -49,11 +49,11 @@ from e2e.cluster import (  # noqa: E402
     pod_manifest,
     poll_until,
 )
-from e2e.plugins import GpuDaemon  # noqa: E402
-from kubernetes import watch  # noqa: E402
+from e2e.plugins import GpuDaemon
+from kubernetes import watch
 
-from kubedevice.kubelet import Emulator, RegistrationEvent  # noqa: E402
-from kubedevice.nvidia.nvml_fake import send_control  # noqa: E402
+from kubedevice.kubelet import Emulator, RegistrationEvent
+from kubedevice.nvidia.nvml_fake import send_control
 
 GPU = "nvidia.com/gpu"
 CONFIG = "version: v1\nhealth:\n  quietPeriod: 3s\n"
