@@ -193,7 +193,7 @@ def _poll(what: str, check: Callable[[], bool], timeout: float, procs: Sequence[
         for p in procs:
             p.check_alive()
         if time.monotonic() > deadline:
-            raise ClusterError(f"{what} not ready after {timeout:.0f} s")
+            raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
 
@@ -325,6 +325,16 @@ class Kubelet:
     @property
     def checkpoint(self) -> Path:
         return DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
+
+    @property
+    def plugins_registry(self) -> Path:
+        """Where DRA drivers (and other kubelet plugins) put their registration sockets."""
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        """The kubelet's plugins directory (a DRA driver's own socket goes under it)."""
+        return self.root / "plugins"
 
     def start_runtime(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -464,6 +474,11 @@ class Cluster:
     @property
     def node_kubeconfig(self) -> Path:
         return self.workdir / "kubelet.kubeconfig"
+
+    @property
+    def other_node_kubeconfig(self) -> Path:
+        """User ``system:node:other-node`` (group system:nodes): a node without a kubelet."""
+        return self.workdir / "other-node.kubeconfig"
 
     @property
     def core(self) -> client.CoreV1Api:
