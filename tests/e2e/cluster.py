@@ -745,6 +745,40 @@ class Cluster:
         self.create_pod(namespace, manifest)
         return self.wait_running(namespace, manifest["metadata"]["name"], timeout)
 
+    def delete_pods(self, namespace: str, timeout: float = 60) -> None:
+        """Delete every pod of ``namespace`` and wait until they are gone.
+
+        Graceful (not forced), so each is gone only once the kubelet has stopped it and
+        released its devices: the next test's pods find them free.
+        """
+        self.core.delete_collection_namespaced_pod(namespace)
+        deadline = time.monotonic() + timeout
+        while True:
+            listing = self.core.list_namespaced_pod(namespace)
+            left = {p.metadata.name for p in listing.items}
+            if not left:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ClusterError(f"pods of {namespace} not gone after {timeout:.0f} s: {left}")
+            w = watch.Watch()
+            try:
+                for ev in w.stream(
+                    self.core.list_namespaced_pod,
+                    namespace,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=max(1, int(remaining)),
+                ):
+                    if ev["type"] == "DELETED":
+                        left.discard(ev["object"].metadata.name)
+                        if not left:
+                            return
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+            finally:
+                w.stop()
+
     def events(self, namespace: str, involved: str) -> list[Any]:
         items = self.core.list_namespaced_event(
             namespace, field_selector=f"involvedObject.name={involved}"
