@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from deploy.render import by_kind, container, daemonset, render
+from deploy.helm import helm
+from deploy.render import CHART, by_kind, container, daemonset, render
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -177,3 +178,42 @@ def test_gpu_daemonset_with_mig_and_cdi_is_admitted(
     mounts = {m["container_path"]: m for m in record["mounts"]}
     assert mounts["/host/driver"]["host_path"] == str(driver)
     assert mounts["/host/driver"]["readonly"] is True
+
+
+def test_helm_install_upgrade_with_reuse_values_and_uninstall(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    """The operations guide's upgrade path with the real helm against the real API server:
+    OnDelete (rollingUpdate=null) survives a later ``--reuse-values`` upgrade, the upgrade does
+    not roll the pod, and uninstall leaves nothing."""
+    kube = ("--kubeconfig", str(cluster.admin_kubeconfig), "-n", ns)
+    sets = [f"{k}={v}" for k, v in _values(cluster, tmp_path).items()]
+    sets += ["updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null"]
+    helm("install", "kd", str(CHART), *kube, *(a for s in sets for a in ("--set", s)))
+    apps = client.AppsV1Api(cluster.api)
+    ds = apps.read_namespaced_daemon_set("kd-kubedevice", ns)
+    assert ds.spec.update_strategy.to_dict() == {"type": "OnDelete", "rolling_update": None}
+    pod = _running_pod(cluster, ns, {"metadata": {"name": "kd-kubedevice"},
+                                     "spec": {"selector": {"matchLabels":
+                                              ds.spec.selector.match_labels}}})  # fmt: skip
+    proc = helm("upgrade", "kd", str(CHART), *kube, "--reuse-values", "--set", "image.tag=9.9.9")
+    assert "STATUS: deployed" in proc.stdout
+    ds = apps.read_namespaced_daemon_set("kd-kubedevice", ns)
+    assert ds.spec.template.spec.containers[0].image == "kubedevice:9.9.9"
+    assert ds.spec.update_strategy.type == "OnDelete"
+    wait_for(
+        apps.list_namespaced_daemon_set,
+        lambda d: (
+            d.metadata.name == "kd-kubedevice"
+            and d.status.observed_generation == d.metadata.generation
+        ),
+        30,
+        "the DaemonSet controller to see the upgrade",
+        ns,
+    )
+    still = cluster.core.read_namespaced_pod(pod.metadata.name, ns)  # OnDelete: not rolled
+    assert still.spec.containers[0].image == "kubedevice:0.1.0"
+    helm("uninstall", "kd", *kube)
+    assert apps.list_namespaced_daemon_set(ns).items == []
+    names = [c.metadata.name for c in cluster.core.list_namespaced_config_map(ns).items]
+    assert not [n for n in names if n.startswith("kd-")], names

@@ -89,8 +89,13 @@ spec:
   selector:
     matchLabels:
       {{- include "kubedevice.selectorLabels" . | nindent 6 }}
+  {{- $strategy := .root.Values.updateStrategy }}
   updateStrategy:
-    {{- toYaml .root.Values.updateStrategy | nindent 4 }}
+    type: {{ $strategy.type }}
+    {{- with $strategy.rollingUpdate }}
+    rollingUpdate:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
 {{- end -}}
 
 {{/* A component's pod labels (the selector's, the usual ones, podLabels): (dict "root" $
