@@ -14,6 +14,7 @@ awaited with watches (``wait_for``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -138,6 +139,7 @@ class Process:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=self.env,
+                preexec_fn=_die_with_parent,
             )
 
     @property
@@ -175,6 +177,12 @@ class Process:
     def kill(self) -> None:
         """SIGKILL, as a crash: sockets stay behind."""
         self.stop(signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies (even by SIGKILL), so nothing leaks."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def tail(path: Path, lines: int = 60) -> str:
