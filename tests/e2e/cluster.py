@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -316,6 +317,9 @@ class Kubelet:
     healthz_port: int = field(default_factory=free_port)
     process: Process | None = None
     cri: Process | None = None
+    #: KubeletConfiguration fields to set (top level, replacing the harness's), used from the
+    #: next ``start()``: e.g. ``{"topologyManagerPolicy": "single-numa-node"}``
+    extra_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cri_socket(self) -> Path:
@@ -389,6 +393,9 @@ class Kubelet:
             nodeStatusReportFrequency: 1s
             """)
         )
+        if self.extra_config:
+            merged = {**yaml.safe_load(config.read_text()), **self.extra_config}
+            config.write_text(yaml.safe_dump(merged))
         return config
 
     def start(self) -> None:
