@@ -427,6 +427,29 @@ class Kubelet:
         if self.cri is not None:
             self.cri.stop()
 
+    def log_since_start(self) -> str:
+        """The current kubelet process's log (the file holds every start's)."""
+        assert self.process is not None
+        text = self.process.log.read_text(errors="replace")
+        return text[text.rfind("==== start ") :]
+
+    def wait_plugin_devices(self, resource: str, healthy: int, timeout: float = 30) -> None:
+        """Wait until this kubelet process has ``healthy`` Healthy devices of ``resource`` from
+        its plugin (its device manager's log line), whatever the Node status says yet.
+
+        After a kubelet restart the Node status still shows the old kubelet's counts: this is
+        what a test needs before it creates a pod the new kubelet must admit.
+        """
+        want = f'"Processed device updates for resource" resourceName="{resource}"'
+        count = f"healthyCount={healthy}"
+
+        def seen() -> bool:
+            lines = self.log_since_start().splitlines()
+            last = [ln for ln in lines if want in ln]
+            return bool(last) and last[-1].rstrip().endswith(count)
+
+        poll_until(f"the kubelet to have {healthy} Healthy {resource}", seen, timeout)
+
     def records(self) -> list[dict[str, Any]]:
         """Every CreateContainer the runtime got, oldest first."""
         if not self.record.exists():

@@ -40,6 +40,8 @@ def test_kubelet_restart(cluster: Cluster, ns: str, gpu_plugin, generic_plugin) 
                 p.metric("kubedevice_plugin_registrations_total", resource=r) >= 2
             ),
         )
+    cluster.kubelet.wait_plugin_devices(GPU, healthy=8)
+    cluster.kubelet.wait_plugin_devices(GENERIC_RESOURCE, healthy=3)
     cluster.wait_resource(GPU, capacity=8, allocatable=8)
     cluster.wait_resource(GENERIC_RESOURCE, capacity=3, allocatable=3)
     # the running pod is the same pod, still Running, and its container was not created again
