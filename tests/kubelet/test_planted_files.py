@@ -115,7 +115,8 @@ def test_fifo_pod_journal_is_set_aside_and_the_emulator_serves(
     assert e.stop() == 0
     said = [x for x in e.lines if "pod journal" in x]
     assert len(said) == 1, e.lines
-    assert "a FIFO, not a regular file" in said[0] and "moved aside" in said[0]
+    assert "a FIFO, not a regular file" in said[0]
+    assert "moved aside" in said[0]
     [aside] = journal.parent.glob(f"{journal.name}.corrupt-*")
     assert stat.S_ISFIFO(os.lstat(aside).st_mode)
 
@@ -166,7 +167,8 @@ async def test_deeply_nested_checkpoint_is_one_line(dp_dir: Path) -> None:
     (dp_dir / "kubelet_internal_checkpoint").write_text("[" * 100_000 + "]" * 100_000)
     async with Emulator(dp_dir, control_socket=False) as emu:
         [error] = emu.checkpoint_errors
-        assert "nested too deeply" in error and "\n" not in error
+        assert "nested too deeply" in error
+        assert "\n" not in error
 
 
 async def test_allocations_of_a_real_kubelets_checkpoint_are_named_when_released(

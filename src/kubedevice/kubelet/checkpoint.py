@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -392,10 +393,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     dir, then rename, so a reader sees the old or the new content, never a part. Whatever
     sits at the temp path (a planted FIFO included) is removed first, never opened."""
     tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
-    except FileNotFoundError:
-        pass
     fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, data)

@@ -25,9 +25,9 @@ from types import TracebackType
 from typing import Any
 
 from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
+from kubedevice._regular_file import NotRegularFileError, open_regular, read_regular
 from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
 from kubedevice.kubelet.admission import POLICIES, SCOPES, Admitter, StartResult
-from kubedevice._regular_file import NotRegularFileError, open_regular, read_regular
 from kubedevice.kubelet.checkpoint import CheckpointWriter, write_atomic
 from kubedevice.kubelet.control import CLIENT_GONE, ControlServer, control_socket_path, state_dir
 from kubedevice.kubelet.endpoint import PluginEndpoint, allocation_from_bytes
