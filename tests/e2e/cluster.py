@@ -45,10 +45,9 @@ BINARIES = (
     "kd-fakecri",
 )
 HOW_TO_GET = (
-    "the end-to-end tier needs the Kubernetes binaries: set KUBEDEVICE_K8S_BIN to a directory "
-    "holding etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and kd-fakecri "
-    "(any upstream v1.34+ release binaries, plus kd-fakecri), or check out ../shared/k8s beside "
-    "the repository"
+    "no Kubernetes binaries: set KUBEDEVICE_K8S_BIN to a directory with etcd, kube-apiserver, "
+    "kube-scheduler, kube-controller-manager, kubelet (upstream v1.34+) and kd-fakecri, or put "
+    "../shared/k8s beside the checkout (tests/e2e/README.md)"
 )
 
 
@@ -869,3 +868,12 @@ def container(name: str, limits: dict[str, int]) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "resources": {"limits": {k: str(v) for k, v in limits.items()}},
     }
+
+
+def poll_until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+    """Poll ``check`` (something with no watch: a plugin's metric, a file) until true.
+
+    Raises:
+        ClusterError: not true within ``timeout`` seconds.
+    """
+    _poll(what, check, timeout, [])
