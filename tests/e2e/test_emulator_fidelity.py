@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -78,6 +79,17 @@ def _calls(p: RawPlugin, since: dict[str, int]) -> dict[str, Any]:
     return out
 
 
+def _accepts(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
 def _ids(devices: Any) -> list[str]:
     return sorted(i for d in devices if d.resource_name == R for i in d.device_ids)
 
@@ -87,10 +99,17 @@ class Node:
 
     loop: Loop
     plugin: RawPlugin
+    admitted: set[str]
+
+    def admit(self, name: str, manifest: dict[str, Any]) -> str:
+        """'admitted', or 'rejected: REASON: MESSAGE'."""
+        verdict = self._admit(name, {**manifest, "metadata": {"name": name}})
+        if verdict == "admitted":
+            self.admitted.add(name)
+        return verdict
 
     def wait(self, capacity: int, allocatable: int) -> None: ...
-    def admit(self, name: str, manifest: dict[str, Any]) -> str: ...
-    def devices(self, name: str) -> dict[str, list[str]]: ...
+    def _admit(self, name: str, manifest: dict[str, Any]) -> str: ...
     def restart(self) -> None: ...
     def pod_resources_socket(self) -> Path: ...
 
@@ -113,15 +132,22 @@ class Node:
                 }
         return out
 
-    def pod_devices(self, names: list[str]) -> dict[str, dict[str, list[str]]]:
-        """Pod -> container -> devices, from PodResources List, once it lists these pods.
+    def pod_devices(
+        self, names: list[str], *, after_restart: bool = False
+    ) -> dict[str, dict[str, list[str]]]:
+        """Pod -> container -> devices, from PodResources List (``{}``: a pod not listed).
 
         Right after a restart the real kubelet's List answers no pods at all until its pod
-        sources have synced (about a second after the resource is back in the Node status).
+        sources have synced (about a second after the resource is back in the Node status):
+        ``after_restart`` waits until it lists the pods.
         """
-        poll_until(f"PodResources List to list {names}", lambda: set(names) <= set(self.listed()))
+        if after_restart:
+            admitted = set(names) & self.admitted
+            poll_until(
+                f"PodResources List to list {admitted}", lambda: admitted <= set(self.listed())
+            )
         listed = self.listed()
-        return {n: listed[n] for n in names}
+        return {n: listed.get(n, {}) for n in names}
 
     def mine(self, namespace: str) -> bool: ...
 
@@ -129,15 +155,15 @@ class Node:
 class RealNode(Node):
     def __init__(self, cluster: Cluster, ns: str, loop: Loop) -> None:
         self.cluster, self.ns, self.loop = cluster, ns, loop
+        self.admitted = set()
         self.plugin = _plugin(DEVICE_PLUGIN_DIR)
         loop.run(self.plugin.start())
 
     def wait(self, capacity: int, allocatable: int) -> None:
         self.cluster.wait_resource(R, capacity=capacity, allocatable=allocatable)
 
-    def admit(self, name: str, manifest: dict[str, Any]) -> str:
-        """'admitted', or 'rejected: REASON: MESSAGE' (the kubelet decides: nodeName is set)."""
-        manifest = {**manifest, "metadata": {"name": name}}
+    def _admit(self, name: str, manifest: dict[str, Any]) -> str:
+        # the kubelet decides: nodeName is set, the scheduler is not asked
         manifest["spec"] = {**manifest["spec"], "nodeName": NODE}
         self.cluster.create_pod(self.ns, manifest)
 
@@ -176,6 +202,7 @@ class RealNode(Node):
 class EmulatedNode(Node):
     def __init__(self, dp_dir: Path, loop: Loop) -> None:
         self.loop = loop
+        self.admitted = set()
         self.emu = Emulator(dp_dir, control_socket=False)
         loop.run(self.emu.start())
         self.plugin = _plugin(dp_dir)
@@ -189,8 +216,7 @@ class EmulatedNode(Node):
 
         self.loop.run(self.emu.wait_until(match, 30))
 
-    def admit(self, name: str, manifest: dict[str, Any]) -> str:
-        manifest = {**manifest, "metadata": {"name": name}}
+    def _admit(self, name: str, manifest: dict[str, Any]) -> str:
         try:
             self.loop.run(self.emu.apply_pod(manifest))
         except AdmissionError as exc:
@@ -239,9 +265,14 @@ def _run(node: Node) -> dict[str, Any]:
     before = p.calls.list_and_watch
     node.restart()
     node.loop.run(p.stop())  # the restart removed its socket: the plugin starts again
+    kubelet_sock = p.socket_dir / "kubelet.sock"
+    # the previous kubelet's socket file may still be there: wait for one that answers
+    poll_until("the new kubelet.sock to accept", lambda: _accepts(kubelet_sock))
     node.loop.run(p.start())
     node.wait(capacity=6, allocatable=5)
-    seen["restart: PodResources of the running pods"] = node.pod_devices(["two", "init"])
+    seen["restart: PodResources of the running pods"] = node.pod_devices(
+        ["two", "init"], after_restart=True
+    )
     seen["restart: new ListAndWatch streams"] = p.calls.list_and_watch - before
     seen["restart: plugin calls for the running pods"] = _calls(p, marks)
     seen["restart: new pod asking 1"] = node.admit("after", pod_manifest("after", {R: 1}))
