@@ -45,8 +45,15 @@ def test_inspect_maps_every_device_to_its_pod(
         uids[name] = cluster.run_pod(ns, pod_manifest(name, limits)).metadata.uid
 
     rc, doc, err = _inspect(cluster)
-    assert rc == 0, (err, doc["findings"], doc["inputErrors"])
-    assert err == ""
+    assert (doc["inputErrors"], err) == ([], "")
+    # nothing is wrong with this test's plugins and pods: exit 0 on a node where earlier
+    # tests left nothing behind (the kubelet keeps a stopped plugin's resource, without
+    # healthy devices, for 5 minutes, and inspect says so)
+    ours = [f for f in doc["findings"] if GPU in f["message"] or GENERIC_RESOURCE in f["message"]]
+    assert ours == []
+    others = [f["code"] for f in doc["findings"]]
+    assert set(others) <= {"no-healthy-devices", "stale-socket"}, doc["findings"]
+    assert rc == (1 if others else 0)
 
     # the plugin sockets: live, named by their file names
     by_res = {p["resource"]: p for p in doc["plugins"]}
