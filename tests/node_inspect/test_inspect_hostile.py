@@ -181,3 +181,16 @@ async def test_dead_plugin_and_a_kubelet_with_no_healthy_device(
     [f] = doc["findings"]
     assert f["code"] == "no-healthy-devices"
     assert FOO in f["message"]
+
+
+async def test_a_stale_pod_resources_socket_is_a_finding(dp_dir: Path, sock_dir: Path) -> None:
+    dp_dir.mkdir(parents=True, exist_ok=True)
+    path = sock_dir / "pr-dead.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()  # the kubelet is gone, its socket file stays
+    rc, doc, err = await inspect_json(dp_dir, "--pod-resources-socket", str(path))
+    assert (rc, doc["inputErrors"], err) == (1, [], "")
+    [f] = [f for f in doc["findings"] if f["code"] == "pod-resources-stale"]
+    assert f["severity"] == "error"
+    assert "nothing is listening" in f["message"]
