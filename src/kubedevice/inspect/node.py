@@ -136,7 +136,8 @@ async def _read_pod_resources(report: NodeReport) -> None:
             "warning",
             "no-pod-resources",
             f"no PodResources socket at {sock}: devices are not matched to pods by name "
-            "(is the kubelet running? --pod-resources-socket names another path)",
+            "(is the kubelet running? if its socket is elsewhere, name it with "
+            "--pod-resources-socket)",
         )
         return
     except OSError as exc:
