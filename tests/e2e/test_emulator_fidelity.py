@@ -8,7 +8,7 @@ with its reason, in docs/emulator.md's "Measured against the real kubelet" table
 item listed there must still differ: the test keeps that list true both ways.
 
 Steps: registration (capacity, allocatable with one Unhealthy device, what the kubelet asked
-the plugin), admission (GetPreferredAllocation's arguments, Allocate, PodResources), a
+the plugin, the refusal texts of a bad Register), admission (GetPreferredAllocation's arguments, Allocate, PodResources), a
 rejection for too few devices, init-container reuse, a kubelet restart with the checkpoint
 (pods keep their devices, the plugin registers again, a new pod gets the free device), and a
 dead plugin (capacity kept, allocatable 0, admission refused).
@@ -88,6 +88,15 @@ def _accepts(path: Path) -> bool:
     finally:
         s.close()
     return True
+
+
+async def _refused(p: RawPlugin, **register: str) -> str:
+    """How the kubelet refuses a Register call: its status code and text."""
+    try:
+        await p.register(**register)
+    except aio.AioRpcError as exc:
+        return f"{exc.code().name}: {exc.details()}"
+    return "accepted"
 
 
 def _ids(devices: Any) -> list[str]:
@@ -245,6 +254,10 @@ def _run(node: Node) -> dict[str, Any]:
     seen["registration: capacity, allocatable (one device Unhealthy)"] = (6, 5)
     seen["registration: ListAndWatch streams opened"] = p.calls.list_and_watch
     seen["registration: GetDevicePluginOptions calls"] = p.calls.options
+    seen["registration: unsupported version"] = node.loop.run(_refused(p, version="v1alpha1"))
+    seen["registration: invalid resource name"] = node.loop.run(
+        _refused(p, resource="example.com/not a name")
+    )
 
     seen["admission: pod asking 2"] = node.admit("two", pod_manifest("two", {R: 2}))
     seen["admission: plugin calls"] = _calls(p, marks)
@@ -320,6 +333,8 @@ def test_emulator_and_real_kubelet_side_by_side(cluster: Cluster, ns: str) -> No
     assert set(differ) == set(listed), f"differences:\n{report}\nlisted: {sorted(listed)}"
     # the items every kubelet must agree on are not in the list
     assert real["admission: pod asking 2"] == "admitted"
+    assert "v1alpha1" in real["registration: unsupported version"]
+    assert "not a name" in real["registration: invalid resource name"]
     assert (
         real["restart: PodResources of the running pods"]
         == emulated["restart: PodResources of the running pods"]
