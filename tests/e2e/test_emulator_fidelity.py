@@ -8,10 +8,10 @@ with its reason, in docs/emulator.md's "Measured against the real kubelet" table
 item listed there must still differ: the test keeps that list true both ways.
 
 Steps: registration (capacity, allocatable with one Unhealthy device, what the kubelet asked
-the plugin, the refusal texts of a bad Register), admission (GetPreferredAllocation's arguments, Allocate, PodResources), a
-rejection for too few devices, init-container reuse, a kubelet restart with the checkpoint
-(pods keep their devices, the plugin registers again, a new pod gets the free device), and a
-dead plugin (capacity kept, allocatable 0, admission refused).
+the plugin, the refusal texts of a bad Register), admission (GetPreferredAllocation's
+arguments, Allocate, PodResources), a rejection for too few devices, init-container reuse, a
+kubelet restart with the checkpoint (pods keep their devices, the plugin registers again, a new
+pod gets the free device), and a dead plugin (capacity kept, allocatable 0, admission refused).
 """
 
 from __future__ import annotations
