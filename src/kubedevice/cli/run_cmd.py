@@ -27,16 +27,12 @@ def _fail(message: str) -> NoReturn:
 
 
 def _need_generic(*, daemon: bool) -> None:
-    """Exit 2 with one line when the generic plugin cannot run here (not Linux, no extra).
+    """Exit 2 with one line when the generic plugin cannot run here (not Linux).
 
-    Imports :mod:`kubedevice.generic` lazily: the other commands never load pydantic.
+    Imports :mod:`kubedevice.generic` lazily: the other commands never load its modules.
     """
     if daemon and not sys.platform.startswith("linux"):
         _fail(f"kubedevice run needs Linux (inotify); this is {sys.platform}")
-    try:
-        import pydantic  # noqa: F401
-    except ImportError:
-        _fail("the generic plugin needs its extra: pip install 'kubedevice[generic]'")
     try:
         import_module("kubedevice.generic.runner" if daemon else "kubedevice.generic.config")
     except ImportError as exc:
