@@ -66,7 +66,10 @@ def parse_duration(value: Any) -> Any:
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range: the model says "out of range"
+            return value
     if isinstance(value, str):
         match = _DURATION.fullmatch(value)
         if match is None:
@@ -144,7 +147,7 @@ class Flags(Model):
 def _xids(value: dict[int, str]) -> dict[int, str]:
     for xid in value:
         if xid < 0:
-            raise ValueError(f"XID {xid} must be >= 0")
+            raise ValueError(f"XID {describe_input(xid)} must be >= 0")
     return value
 
 

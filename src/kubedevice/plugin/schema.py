@@ -320,7 +320,11 @@ def _convert_scalar(tp: Any, value: Any, path: Path, problems: list[Problem]) ->
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(Problem(path, f"must be a finite number (got {describe_input(value)})"))
             return _INVALID
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range
+            problems.append(Problem(path, f"out of range (got {describe_input(value)})"))
+            return _INVALID
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp in (str, bool) and type(value) is tp:
