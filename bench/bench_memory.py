@@ -39,6 +39,7 @@ from _common import (
     PY,
     ROOT,
     cpu_model,
+    gpu_plugin_command,
     start_emulator,
     wait_allocatable,
     write_generic_config,
@@ -132,33 +133,6 @@ def _generic_config(root: Path, devices: int) -> Path:
     return write_generic_config(root, "mem", (f"dev{i:04d}" for i in range(devices)))
 
 
-def _gpu_command(root: Path) -> list[str]:
-    """``kubedevice nvidia run`` on the fake 8-GPU box, with its /dev and /sys under ``root``."""
-    from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
-
-    nvml = FakeNvml.from_file("dgx-8gpu")
-    write_fake_dev(nvml, root / "dev")
-    write_fake_sysfs(nvml, root / "sys")
-    nvml.close()
-    return [
-        KUBEDEVICE,
-        "nvidia",
-        "run",
-        "--nvml",
-        "fake:dgx-8gpu",
-        "--dev-root",
-        str(root / "dev"),
-        "--sys-root",
-        str(root / "sys"),
-        "--features-dir",
-        str(root / "features.d"),
-        "--cdi-dir",
-        str(root / "cdi"),
-        "--pod-resources-socket",
-        str(root / "none.sock"),
-    ]
-
-
 def _targets(processes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The RSS goals (MB) next to this run's figures."""
     bare = processes["bare-grpc-aio-plugin"]["rss_mb"]
@@ -223,7 +197,7 @@ def main() -> None:
         gpu_root = root / "gpu-host"
         gpu_root.mkdir()
         processes["gpu-plugin-fake-8"] = _measure(
-            root, "gpu", _gpu_command(gpu_root), "nvidia.com/gpu", 8
+            root, "gpu", gpu_plugin_command(gpu_root), "nvidia.com/gpu", 8
         )
         result = {
             "bench": "memory",

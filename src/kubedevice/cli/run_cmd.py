@@ -15,6 +15,7 @@ from typing import NoReturn
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.signals import stop_on_signals
 
@@ -95,6 +96,7 @@ def run_command(
         asyncio.run(_main())
     except KubeDeviceError as exc:
         _fail(str(exc))
+    end_process_after_stop(0)
 
 
 @click.command("validate")
