@@ -159,11 +159,6 @@ def _fields(cls: type[Model]) -> tuple[tuple[str, str, Any, bool], ...]:
     return table
 
 
-def allowed_keys(cls: type[Model]) -> list[str]:
-    """The YAML keys of ``cls``, sorted."""
-    return sorted(alias for _, alias, _, _ in _fields(cls))
-
-
 M = TypeVar("M", bound=Model)
 
 
