@@ -26,7 +26,7 @@ def _dev(host: FakeHost, name: str = "renderD128") -> PhysicalDevice:
 
 
 def _spec(**kw: Any) -> HealthSpec:
-    return HealthSpec.model_validate(kw)
+    return HealthSpec.from_data(kw)
 
 
 async def test_sysfs_attribute(host: FakeHost) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
 from kubedevice.signals import stop_on_signals
 
@@ -153,6 +154,7 @@ def run_command(
         _fail(_nvml_line(exc))
     except KubeDeviceError as exc:
         _fail(str(exc))
+    end_process_after_stop(0)
 
 
 @nvidia.command("info")
