@@ -324,7 +324,7 @@ async def test_snapshot_given_as_an_iterator_is_sent_whole(
     kubelet: KubeletDouble, server: kubedevice.PluginServer
 ) -> None:
     plugin = GeneratorSource()
-    with log_event("refused a device snapshot") as refused:
+    with log_event("still serving the last good list") as refused:
         await server.add(plugin)
         await server.wait_registered(RES, timeout=10)
         assert [i for i, _ in kubelet.registrations[0].first_list] == ["g0", "g1", "g2"]
@@ -473,7 +473,7 @@ async def test_repaired_preferred_answer_is_logged(
     req.container_requests.add(
         available_deviceIDs=["d0", "d1", "d2"], must_include_deviceIDs=["d2"], allocation_size=2
     )
-    with log_event("broke the invariants") as repaired:
+    with log_event("is invalid (it must include") as repaired:
         resp = await stub_for(RES).GetPreferredAllocation(req)
     assert list(resp.container_responses[0].deviceIDs) == ["d2", "d0"]
     assert repaired.is_set()
@@ -514,3 +514,53 @@ async def test_a_probe_stream_closing_is_not_the_kubelet_leaving(
             assert len(await kubelet.wait_list(RES, lambda lst, n=n: len(lst) == n)) == n
         assert server.registration_count(RES) == 1
         assert len(kubelet.registrations) == 1
+
+
+@pytest.mark.parametrize("when", ["first-serve", "after-kubelet-restart"])
+async def test_socket_removed_while_its_server_starts_is_not_lost(
+    kubelet: KubeletDouble, sock_dir: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A kubelet restart storm: our fresh socket is deleted while its gRPC server starts.
+
+    The removal's inotify event arrives before the server counts as serving; it used to
+    be dropped, and the kubelet then dialled a socket that was gone on every Register
+    (DEADLINE_EXCEEDED) forever. Here the removal is delivered at exactly that moment.
+    """
+    import kubedevice.plugin.server as server_mod
+
+    seen: dict[str, asyncio.Event] = {}
+    armed = when == "first-serve"
+
+    async def starting(path: Path) -> None:
+        nonlocal armed
+        if not armed:
+            return
+        armed = False
+        seen[path.name] = asyncio.Event()
+        path.unlink()  # as a restarting kubelet does
+        await asyncio.wait_for(seen[path.name].wait(), 10)  # the server was told, and ignored it
+
+    monkeypatch.setattr(server_mod, "_starting", starting)
+    server = kubedevice.PluginServer(
+        sock_dir, stream_grace=0.2, backoff_initial=0.01, backoff_max=0.2, register_timeout=1
+    )
+    on_change = server._on_change
+
+    def watched(name: str) -> None:
+        on_change(name)
+        if name in seen:
+            seen[name].set()
+
+    monkeypatch.setattr(server, "_on_change", watched)
+    async with server:
+        await server.add(StaticPlugin(devs(1)))
+        count = 1
+        if when == "after-kubelet-restart":
+            await server.wait_registered(RES, timeout=10)
+            armed = True
+            await kubelet.restart()
+            count = 2
+        await server.wait_registered(RES, count=count, timeout=10)
+        assert not armed  # the removal did happen during start-up
+        assert stat.S_ISSOCK(server.socket_path(RES).lstat().st_mode)
+        assert kubelet.registrations[-1].first_list == [("d0", "Healthy")]

@@ -71,6 +71,10 @@ def _answers(path: Path) -> bool:
     return err in (0, errno.EAGAIN, errno.EINPROGRESS)
 
 
+async def _starting(path: Path) -> None:
+    """Called after our socket is in place and before its gRPC server starts (a test seam)."""
+
+
 def _inode(path: Path) -> tuple[int, int, int] | None:
     """Identity of the socket at ``path``, or None if there is no socket.
 
@@ -214,6 +218,7 @@ class _Runtime:
             raise PluginServerError(f"cannot listen on {path}")
         try:
             os.chmod(tmp, 0o600)
+            bound = _inode(tmp)  # the link below shares it: the identity of our socket
             if replace and _inode(path) is not None:  # still a socket: remove it, nothing else
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -234,11 +239,15 @@ class _Runtime:
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        self._bound_ino = _inode(path)
+        self._bound_ino = bound
         self._grpc = server  # before the await: a cancelled start still gets stopped
+        await _starting(path)
         await server.start()
         self._phase = _Phase.SERVING
         log.info("serving on %s", path, extra=self.extra)
+        # A removal reported while the server was starting was ignored (not serving yet):
+        # look now, or the kubelet would dial a socket that is gone, forever.
+        self.on_socket_event()
 
     async def _unserve(self) -> None:
         server, self._grpc = self._grpc, None
@@ -256,7 +265,19 @@ class _Runtime:
     async def _source(self) -> None:
         try:
             async for snapshot in device_snapshots(self.plugin):
-                self.table.publish(snapshot)
+                try:
+                    self.table.publish(snapshot)
+                except ConfigError as exc:
+                    last = self.table.snapshot
+                    if last is None:  # nothing to serve: never leave it waiting unregistered
+                        self.server._fail(ConfigError(f"{exc}; {self.resource} cannot be served"))
+                        return
+                    log.error(
+                        "%s; still serving the last good list (%d devices)",
+                        exc,
+                        len(last),
+                        extra=self.extra,
+                    )
         except asyncio.CancelledError:
             raise
         except HOOK_ERRORS:
@@ -306,6 +327,14 @@ class _Runtime:
         waiting_logged = False
         while not self._restart.is_set():
             self._kubelet_changed.clear()
+            if self._bound_ino is None or _inode(self.socket_path) != self._bound_ino:
+                # Whatever happened to the event: the kubelet could never dial us back.
+                log.warning(
+                    "our socket %s is gone or replaced; serving on a fresh one",
+                    self.socket_path,
+                    extra=self.extra,
+                )
+                return False
             ino = _inode(self.kubelet_socket)
             if ino is None:
                 if not waiting_logged:
@@ -491,6 +520,9 @@ class PluginServer:
         self._runtimes: dict[str, _Runtime] = {}
         self._watcher: DirWatcher | None = None
         self._lock = asyncio.Lock()
+        self._failure: KubeDeviceError | None = None
+        self._failed = asyncio.Event()
+        self._failure_waiters = 0
 
     def backoff_factory(self) -> Backoff:
         """A fresh registration backoff with this server's settings."""
@@ -550,6 +582,8 @@ class PluginServer:
         if self._http is None:
             return None
         host, port = self._http.server_address[:2]
+        if ":" in host:  # an IPv6 address is bracketed in a URL (RFC 3986)
+            host = f"[{host}]"
         return f"http://{host}:{port}/metrics"
 
     async def stop(self) -> None:
@@ -623,6 +657,32 @@ class PluginServer:
         await runtime.stop()
         if self.metrics is not None:
             self.metrics.forget(resource_name)
+
+    async def wait_failed(self) -> KubeDeviceError:
+        """Wait until a plugin fails for good; the error.
+
+        A plugin fails for good when its first device list is refused (a device ID twice,
+        an item that is not a :class:`Device`): it has nothing to serve and would never
+        register. While someone waits here the error is theirs to report; otherwise it is
+        logged.
+
+        Returns:
+            The error.
+        """
+        self._failure_waiters += 1
+        try:
+            await self._failed.wait()
+        finally:
+            self._failure_waiters -= 1
+        assert self._failure is not None
+        return self._failure
+
+    def _fail(self, error: KubeDeviceError) -> None:
+        if self._failure is None:
+            self._failure = error
+            self._failed.set()
+            if not self._failure_waiters:
+                log.error("%s", error)
 
     @property
     def resource_names(self) -> tuple[str, ...]:
