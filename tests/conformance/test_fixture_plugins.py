@@ -42,6 +42,7 @@ BROKEN: dict[str, str] = {
     "--leave-socket": "sigterm-clean-exit",
     "--raising-preferred": "preferred-allocation",
     "--orphan-child": "sigterm-clean-exit",
+    "--setsid-child": "sigterm-clean-exit",
 }
 
 MULTI = ("--resource", "example.com/a", "--resource", "example.com/b")
@@ -158,11 +159,14 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")  # exited (a zombie until its new parent reaps it)
 
 
-def test_orphaned_child_killed_and_reported(reports: dict[str, Report]) -> None:
-    rep = reports["--orphan-child"]
+@pytest.mark.parametrize("flag", ["--orphan-child", "--setsid-child"])
+def test_orphaned_child_killed_and_reported(reports: dict[str, Report], flag: str) -> None:
+    rep = reports[flag]
     result = rep.get("sigterm-clean-exit")
-    assert "process group" in result.evidence, result.evidence
     lines = [x for x in rep.log_path.read_text().splitlines() if "CHILD " in x]
     assert lines, _explain(rep)
     pid = int(lines[0].rsplit(" ", 1)[1])
+    assert f"left 1 process(es) it started running (pid {pid} (python" in result.evidence, (
+        result.evidence
+    )
     assert _gone(pid)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from asyncinotify import Event, Inotify, Mask, Watch
 
+from kubedevice.plugin.safefile import read_regular
+
 __all__ = ["CONFIG_MASK", "DEVICE_MASK", "DirWatcher", "FileChanges", "file_digest"]
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ class DirWatcher:
 def file_digest(path: Path) -> str | None:
     """SHA-256 of a file's content, ``None`` when it cannot be read."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(read_regular(path)).hexdigest()
     except OSError:
         return None
 
