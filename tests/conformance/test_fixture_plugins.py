@@ -170,3 +170,28 @@ def test_orphaned_child_killed_and_reported(reports: dict[str, Report], flag: st
         result.evidence
     )
     assert _gone(pid)
+
+
+BUFFERED = """
+import signal, sys, time
+out = open(1, "w", buffering=1 << 16)  # block-buffered, as C's stdio is into a file
+def stop(*_):
+    out.write("got SIGTERM, exiting\\n")
+    sys.exit(0)  # flushes what is buffered
+signal.signal(signal.SIGTERM, stop)
+out.write("started, never registering\\n")
+while True:
+    time.sleep(60)
+"""
+
+
+def test_the_log_keeps_what_a_plugin_flushes_when_the_run_ends(tmp_path: Path) -> None:
+    """At the end of a run the plugin gets SIGTERM first, so buffered lines reach the log."""
+    rep = check_plugin(
+        [sys.executable, "-c", BUFFERED],
+        timeout=5.0,
+        startup_timeout=0.5,
+        log_path=tmp_path / "plugin.log",
+    )
+    assert rep.get("registration-valid").outcome is Outcome.FAIL
+    assert rep.log_tail() == "started, never registering\ngot SIGTERM, exiting\n"

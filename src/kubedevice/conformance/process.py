@@ -173,6 +173,21 @@ class PluginProcess:
             log.warning("killed what the plugin left running: %s", ", ".join(named))
         return named
 
+    async def stop(self, grace: float) -> None:
+        """SIGTERM the child's session, give it ``grace`` s to exit, then :meth:`kill`.
+
+        A plugin that exits on SIGTERM flushes what its stdio still buffered (a C or Perl
+        plugin's stdout into a file is block-buffered); a SIGKILL straight away would lose
+        those lines from the log.
+        """
+        if self._proc is None:
+            return
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            await self.wait_exit(grace)
+        await self.kill()
+
     async def kill(self) -> None:
         """SIGKILL the child's whole session (it and its children) and reap it."""
         if self._proc is None:
