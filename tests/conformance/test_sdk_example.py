@@ -59,3 +59,16 @@ def test_a_preferred_answer_the_sdk_repaired_fails(sock_dir: Path, answer: str) 
     assert "is invalid" in result.evidence
     others = {r.case.id for r in rep.failures()} - {"preferred-allocation", "reregister-within-1s"}
     assert not others, rep.format_table()
+
+
+def test_plain_hooks_example_passes_the_kit(sock_dir: Path) -> None:
+    """Plain def hooks, a pushed list and an Unhealthy device, through every case."""
+    rep = check_plugin(
+        [sys.executable, str(ROOT / "examples" / "plain_hooks.py"), "--device-plugin-dir", "{dir}"],
+        timeout=10.0,
+        log_path=sock_dir / "plain.log",
+    )
+    assert rep.ok(), rep.format_table()
+    for case in ("allocate-healthy", "allocate-unhealthy-refused", "preferred-allocation"):
+        assert rep.get(case).outcome is Outcome.PASS, rep.format_table()
+    assert "calibrating sensor-0" in rep.log_path.read_text()  # the plain pre_start hook ran
