@@ -518,6 +518,7 @@ class PluginServer:
         self._backoff = (backoff_initial, backoff_max)
         self.state = ServerState.NEW
         self._runtimes: dict[str, _Runtime] = {}
+        self._by_socket: dict[str, _Runtime] = {}  # each event names one socket: no scan
         self._watcher: DirWatcher | None = None
         self._lock = asyncio.Lock()
         self._failure: KubeDeviceError | None = None
@@ -635,7 +636,12 @@ class PluginServer:
             if plugin._kd_sink is not None:
                 raise ConfigError(f"{plugin!r} is already served")
             runtime = _Runtime(self, plugin, resource, socket_name)
-            await runtime.start()
+            self._by_socket[socket_name] = runtime  # its socket's events count from now
+            try:
+                await runtime.start()
+            except BaseException:
+                del self._by_socket[socket_name]
+                raise
             self._runtimes[resource] = runtime
 
     async def remove(self, resource_name: str) -> None:
@@ -654,6 +660,7 @@ class PluginServer:
         runtime = self._runtimes.pop(resource_name, None)
         if runtime is None:
             raise ConfigError(f"resource {resource_name!r} is not served by this server")
+        self._by_socket.pop(runtime.socket_name, None)
         await runtime.stop()
         if self.metrics is not None:
             self.metrics.forget(resource_name)
@@ -741,11 +748,15 @@ class PluginServer:
             raise ConfigError(f"resource {resource_name!r} is not served by this server") from None
 
     def _on_change(self, name: str) -> None:
-        for runtime in self._runtimes.values():
-            if name in (KUBELET_SOCKET, OVERFLOW):
+        if name in (KUBELET_SOCKET, OVERFLOW):
+            for runtime in list(self._by_socket.values()):
                 runtime.on_kubelet_event()
-            if name in (runtime.socket_name, OVERFLOW):
-                runtime.on_socket_event()
+                if name == OVERFLOW:
+                    runtime.on_socket_event()
+            return
+        runtime = self._by_socket.get(name)
+        if runtime is not None:
+            runtime.on_socket_event()
 
     def __repr__(self) -> str:
         return f"<PluginServer {self.device_plugin_dir} {self.state.value} {list(self._runtimes)}>"
