@@ -106,10 +106,10 @@ def run_command(
     SIGHUP or a change to the config file reloads it (an invalid one is rejected and the
     old one keeps running); SIGTERM or SIGINT stops cleanly with status 0.
     """
-    from kubedevice.generic.watcher import file_digest
     from kubedevice.nvidia.backends import open_backend
     from kubedevice.nvidia.config import load_config
     from kubedevice.nvidia.runner import run_gpu_plugin
+    from kubedevice.plugin.filewatch import file_digest
 
     overrides: dict[str, str | None] = {
         "dev_root": dev_root,

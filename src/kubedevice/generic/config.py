@@ -22,14 +22,6 @@ from pydantic import (
 
 from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES
 from kubedevice.errors import ConfigError
-from kubedevice.generic import configbase
-from kubedevice.generic.configbase import (
-    STRICT_MODEL_CONFIG,
-    AbsPath,
-    ResourceName,
-    absolute_path,
-    describe_input,
-)
 from kubedevice.generic.templates import (
     CDI_VARIABLES,
     CHECK_VARIABLES,
@@ -37,8 +29,15 @@ from kubedevice.generic.templates import (
     Template,
     TemplateError,
 )
-from kubedevice.generic.yamlfile import read_yaml
-from kubedevice.plugin import default_socket_name
+from kubedevice.plugin import configbase, default_socket_name
+from kubedevice.plugin.configbase import (
+    STRICT_MODEL_CONFIG,
+    AbsPath,
+    ResourceName,
+    absolute_path,
+    describe_input,
+)
+from kubedevice.plugin.yamlfile import read_yaml
 
 __all__ = [
     "CommandCheck",

@@ -23,13 +23,13 @@ from pydantic import (
 )
 
 from kubedevice.errors import ConfigError
-from kubedevice.generic.configbase import (
+from kubedevice.plugin.configbase import (
     STRICT_MODEL_CONFIG,
     AbsPath,
     ResourceName,
     format_validation_error,
 )
-from kubedevice.generic.yamlfile import read_yaml
+from kubedevice.plugin.yamlfile import read_yaml
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",

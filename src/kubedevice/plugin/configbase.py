@@ -17,8 +17,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from kubedevice.errors import InvalidResourceNameError
-from kubedevice.generic.yamlfile import HugeInt
 from kubedevice.plugin import validate_resource_name
+from kubedevice.plugin.yamlfile import HugeInt
 
 __all__ = [
     "STRICT_MODEL_CONFIG",
