@@ -754,9 +754,9 @@ class PluginServer:
                 if name == OVERFLOW:
                     runtime.on_socket_event()
             return
-        runtime = self._by_socket.get(name)
-        if runtime is not None:
-            runtime.on_socket_event()
+        owner = self._by_socket.get(name)
+        if owner is not None:
+            owner.on_socket_event()
 
     def __repr__(self) -> str:
         return f"<PluginServer {self.device_plugin_dir} {self.state.value} {list(self._runtimes)}>"
