@@ -12,8 +12,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from pathlib import Path, PurePosixPath
 
-__all__ = ["read_regular"]
+from kubedevice.errors import ConfigError
+
+__all__ = ["inside", "read_regular"]
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -58,3 +61,26 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def inside(root: Path, relative: str, what: str = "path") -> Path:
+    """``root / relative``, refused when ``relative`` could leave ``root``.
+
+    A lexical check, for paths that come from data (a fake machine's device nodes, a PCI
+    bus ID): no ``..`` component, not absolute, not empty.
+
+    Args:
+        root: The directory everything must stay under.
+        relative: The path below it.
+        what: What the path is, for the message.
+
+    Returns:
+        The joined path.
+
+    Raises:
+        ConfigError: ``relative`` is empty, absolute or has a ``..`` component.
+    """
+    parts = PurePosixPath(relative).parts
+    if not parts or relative.startswith("/") or ".." in parts or "\0" in relative:
+        raise ConfigError(f"{what} {relative!r} would leave {root}; refused")
+    return root.joinpath(*parts)
