@@ -39,7 +39,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kubedevice.errors import ConfigError, NvmlError
-from kubedevice.plugin.safefile import inside
 from kubedevice.nvidia.backend import (
     ARCHITECTURE_NAMES,
     BRAND_NAMES,
@@ -53,6 +52,7 @@ from kubedevice.nvidia.backend import (
     P2PLevel,
     ProcessSample,
 )
+from kubedevice.plugin.safefile import inside
 
 __all__ = [
     "CONTROL_ENV",
