@@ -607,3 +607,49 @@ async def test_metrics_url_brackets_an_ipv6_host(sock_dir: Path) -> None:
     assert url.startswith("http://[::1]:")
     assert url.endswith("/metrics")
     int(url.removeprefix("http://[::1]:").removesuffix("/metrics"))
+
+
+class BadDeviceFirst(kubedevice.DevicePlugin):
+    resource_name = RES
+
+    async def devices(self) -> AsyncIterator[Sequence[kubedevice.Device]]:
+        yield [kubedevice.Device(id="a", numa_nodes=(2**63,))]
+
+
+async def test_a_source_failing_before_its_first_list_stops_serve(sock_dir: Path) -> None:
+    with pytest.raises(kubedevice.PluginServerError) as err:
+        await asyncio.wait_for(kubedevice.serve(BadDeviceFirst(), device_plugin_dir=sock_dir), 10)
+    assert str(err.value) == (
+        "the device source of example.com/dev failed before its first list: device 'a': "
+        "NUMA node 9223372036854775808 is out of range: the wire carries 0 to "
+        "9223372036854775807 (int64)"
+    )
+
+
+def test_main_exits_2_with_one_line_for_a_bad_first_list(sock_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import kubedevice\n"
+        "class P(kubedevice.DevicePlugin):\n"
+        "    resource_name = 'example.com/dev'\n"
+        "    def devices(self):\n"
+        "        yield [kubedevice.Device(id='x'), kubedevice.Device(id='x')]\n"
+        "raise SystemExit(kubedevice.main(P()))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--device-plugin-dir", str(sock_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].endswith(
+        "device list of example.com/dev refused: device ID 'x' appears twice; "
+        "example.com/dev cannot be served"
+    )
+    assert "Traceback" not in proc.stderr

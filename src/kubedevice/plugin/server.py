@@ -280,9 +280,22 @@ class _Runtime:
                     )
         except asyncio.CancelledError:
             raise
-        except HOOK_ERRORS:
-            log.exception(
-                "the device source failed; keeping the last device list", extra=self.extra
+        except HOOK_ERRORS as exc:
+            if self.table.snapshot is not None:
+                log.exception(
+                    "the device source failed; keeping the last device list", extra=self.extra
+                )
+                return
+            # Nothing to serve, ever: stop rather than sit there unregistered.
+            if isinstance(exc, KubeDeviceError):  # our own one-line errors (a bad Device)
+                why = str(exc)
+            else:  # the author's bug: the traceback helps
+                log.exception("the device source failed", extra=self.extra)
+                why = f"{type(exc).__name__}: {exc}"
+            self.server._fail(
+                PluginServerError(
+                    f"the device source of {self.resource} failed before its first list: {why}"
+                )
             )
 
     # ---- registration loop -----------------------------------------------------------
@@ -669,8 +682,9 @@ class PluginServer:
         """Wait until a plugin fails for good; the error.
 
         A plugin fails for good when its first device list is refused (a device ID twice,
-        an item that is not a :class:`Device`): it has nothing to serve and would never
-        register. While someone waits here the error is theirs to report; otherwise it is
+        an item that is not a :class:`Device`) or its ``devices()`` raises before yielding
+        one (a :class:`Device` with a bad value, say): it has nothing to serve and would
+        never register. While someone waits here the error is theirs to report; otherwise it is
         logged.
 
         Returns:
