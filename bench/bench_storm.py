@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import KUBEDEVICE, PY, cpu_model, spawn_ready, start_emulator, terminate_all
+from _common import KUBEDEVICE, PY, cpu_model, pct, spawn_ready, start_emulator, terminate_all
 
 import kubedevice
 from kubedevice.kubelet.control import call, control_socket_path
@@ -114,9 +114,12 @@ def main() -> None:
         back_1s = 0
         all_back_s = None
         seen: set[str] = set()
+        back_at: dict[str, float] = {}
         while time.monotonic() - last < 30:
             seen = _back(control, n)
             now = time.monotonic() - last
+            for name in seen - back_at.keys():
+                back_at[name] = now
             if now <= 1.0:
                 back_1s = len(seen)
             if len(seen) == n:
@@ -134,6 +137,12 @@ def main() -> None:
                     "back_within_1s": back_1s,
                     "back_within_30s": len(seen),
                     "all_back_after_s": None if all_back_s is None else round(all_back_s, 3),
+                    "back_after_s": {
+                        f"p{q}": round(pct(list(back_at.values()), q / 100), 3)
+                        for q in (10, 50, 90, 100)
+                    }
+                    if back_at
+                    else None,
                     "missing": sorted(
                         {f"example.com/storm{i}" for i in range(n)} - seen,
                         key=lambda s: int(s.removeprefix("example.com/storm")),

@@ -90,6 +90,10 @@ def _inode(path: Path) -> tuple[int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_mtime_ns) if stat.S_ISSOCK(st.st_mode) else None
 
 
+class _SocketWiped(PluginServerError):
+    """Our temporary socket was deleted between bind and link (a kubelet restarting)."""
+
+
 class _Runtime:
     """One plugin inside a server: its table, gRPC server, source and registration loop."""
 
@@ -235,6 +239,11 @@ class _Runtime:
                 raise PluginServerError(
                     f"{path} appeared while we were binding; refusing to replace it"
                 ) from exc
+            if exc.errno == errno.ENOENT and not os.path.lexists(tmp):
+                raise _SocketWiped(
+                    f"our new socket for {path} was removed while we were binding (the "
+                    "kubelet cleaning its directory as it restarts?)"
+                ) from exc
             raise
         finally:
             with contextlib.suppress(OSError):
@@ -321,7 +330,9 @@ class _Runtime:
                     take_over = False
                 except KubeDeviceError as exc:
                     delay = backoff.next_delay()
-                    log.error("%s; retrying in %.1f s", exc, delay, extra=self.extra)
+                    # A socket wiped by a restarting kubelet is routine, not an error.
+                    level = logging.WARNING if isinstance(exc, _SocketWiped) else logging.ERROR
+                    log.log(level, "%s; retrying in %.1f s", exc, delay, extra=self.extra)
                     await self._wait(self._kubelet_changed, delay)
                     continue
             first = False
