@@ -564,3 +564,66 @@ async def test_socket_removed_while_its_server_starts_is_not_lost(
         assert not armed  # the removal did happen during start-up
         assert stat.S_ISSOCK(server.socket_path(RES).lstat().st_mode)
         assert kubelet.registrations[-1].first_list == [("d0", "Healthy")]
+
+
+class RefusingKubelet(KubeletDouble):
+    """Refuses the first ``refusals`` Register calls of each instance, naming the instance."""
+
+    def __init__(self, directory: Path, refusals: int) -> None:
+        super().__init__(directory)
+        self.refusals = refusals
+        self.instance = 1
+        self.refused = 0
+        self.all_refused = asyncio.Event()
+
+    async def _register(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if self.refused < self.refusals:
+            self.refused += 1
+            if self.refused == self.refusals:
+                self.all_refused.set()
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"kubelet {self.instance} not ready ({self.refused})"
+            )
+        return await super()._register(request, context)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def test_a_new_kubelet_gets_a_fresh_backoff(sock_dir: Path) -> None:
+    """Failures against one kubelet back off; the first failure against a new one does not
+    inherit that delay (a restart storm grew it to seconds, so resources came back late)."""
+    kubelet = RefusingKubelet(sock_dir, refusals=7)
+    await kubelet.start()
+    lines = _Lines()
+    logger = logging.getLogger("kubedevice")
+    old_level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.DEBUG)
+    try:
+        async with kubedevice.PluginServer(
+            sock_dir, backoff_initial=0.01, backoff_max=5.0
+        ) as server:
+            await server.add(StaticPlugin(devs(1)))
+            await asyncio.wait_for(kubelet.all_refused.wait(), 30)
+            kubelet.instance, kubelet.refused, kubelet.refusals = 2, 0, 1
+            kubelet.all_refused.clear()
+            await kubelet.restart()
+            await server.wait_registered(RES, timeout=30)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(old_level)
+        await kubelet.stop()
+
+    def delay_after(needle: str) -> float:
+        line = next(x for x in lines.lines if needle in x and "retrying in" in x)
+        return float(line.rsplit("retrying in ", 1)[1].split()[0])
+
+    assert delay_after("kubelet 1 not ready (7)") >= 0.01 * 2**6 * 0.8  # it did back off
+    assert delay_after("kubelet 2 not ready (1)") <= 0.01 * 1.2  # and started over

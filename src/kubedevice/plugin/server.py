@@ -349,6 +349,7 @@ class _Runtime:
     async def _register(self, backoff: Backoff) -> bool:
         """Register until it works; False if a restart was requested first."""
         waiting_logged = False
+        failed_at: tuple[int, int, int] | None = None  # the kubelet.sock the last failure hit
         while not self._restart.is_set():
             self._kubelet_changed.clear()
             if self._bound_ino is None or _inode(self.socket_path) != self._bound_ino:
@@ -390,6 +391,9 @@ class _Runtime:
                 return False
             exc = reg.exception()
             if exc is not None:
+                if ino != failed_at:  # a kubelet not failed before: start the backoff over
+                    backoff.reset()
+                    failed_at = ino
                 delay = backoff.next_delay()
                 log.warning("%s; retrying in %.2f s", exc, delay, extra=self.extra)
                 await self._wait(self._kubelet_changed, delay)
