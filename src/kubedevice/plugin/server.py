@@ -239,7 +239,7 @@ class _Runtime:
                 raise PluginServerError(
                     f"{path} appeared while we were binding; refusing to replace it"
                 ) from exc
-            if exc.errno == errno.ENOENT and not os.path.lexists(tmp):
+            if exc.errno == errno.ENOENT and _inode(tmp) is None:
                 raise _SocketWiped(
                     f"our new socket for {path} was removed while we were binding (the "
                     "kubelet cleaning its directory as it restarts?)"
