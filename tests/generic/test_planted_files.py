@@ -99,3 +99,15 @@ def test_a_numa_node_out_of_range_is_a_warning_and_no_node(
     assert "is not a NUMA node (0 to 1023); the device gets no NUMA node" in warnings[0]
     assert "set_int_max_str_digits" not in warnings[0]
     assert len(warnings[0]) < 400
+
+
+def test_a_fifo_as_a_health_attribute_is_an_error_not_a_wait(host: FakeHost) -> None:
+    from kubedevice.generic.health import _read_attribute
+
+    fifo = host.sys("/sys/class/drm/renderD128/device/enable")
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    # Read in a worker thread by the health loop: a wait there never ends (and holds up
+    # the daemon's exit, which joins those threads).
+    with pytest.raises(OSError, match="is a FIFO, not a regular file"):
+        _read_attribute(str(fifo), str(host.sys_root))
