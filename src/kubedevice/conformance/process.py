@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 #: starts inherits it, so the kit finds them even after they leave its session.
 ENV_RUN_MARK = "KUBEDEVICE_CONFORMANCE_RUN"
 
+#: Scans for leftovers at most (each after killing what the previous one found).
+_KILL_ROUNDS = 5
+
 
 class PluginProcess:
     """One run of the plugin command."""
@@ -106,56 +109,63 @@ class PluginProcess:
         """
         if self._proc is None:
             return []
-        leader = self._proc.pid
-        mark = f"{ENV_RUN_MARK}={self.mark}".encode() + b"\0"
-        me = os.getpid()
-        uid = os.getuid()
-        out = []
         try:
             entries = os.listdir("/proc")
         except OSError:
             return []
-        for name in entries:
-            if not name.isdigit() or int(name) in (leader, me):
-                continue
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if len(fields) < 4 or fields[0] in ("Z", "X"):
-                continue
-            if leader in (int(fields[2]), int(fields[3])) or _has_mark(name, uid, mark):
-                out.append(int(name))
-        return sorted(out)
+        return sorted(int(name) for name in entries if name.isdigit() and self._ours(name))
+
+    def _ours(self, pid: str) -> bool:
+        """True if live process ``pid`` is one :meth:`leftovers` names."""
+        assert self._proc is not None
+        leader = self._proc.pid
+        if int(pid) in (leader, os.getpid()):
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return False
+        if len(fields) < 4 or fields[0] in ("Z", "X"):
+            return False
+        mark = f"{ENV_RUN_MARK}={self.mark}".encode() + b"\0"
+        return leader in (int(fields[2]), int(fields[3])) or _has_mark(pid, os.getuid(), mark)
 
     async def kill_group(self, limit: float = 5.0) -> list[str]:
         """SIGKILL every process the child left running; each named ``pid (command)``.
 
         Each is signalled through a pidfd opened before it is checked again, so a pid
-        reused meanwhile is never hit. Waits (up to ``limit`` s) until they are gone, on
-        the pidfds (no polling).
+        reused meanwhile is never hit. Scans again after each round (a leftover may have
+        forked meanwhile), then waits (up to ``limit`` s) until they are gone, on the
+        pidfds (no polling).
         """
         if self._proc is None:
             return []
         named: list[str] = []
-        fds = []
-        for pid in self.leftovers():
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:
-                continue  # gone already
-            # Still ours now that the pidfd pins it? (Its pid may have been reused.)
-            if pid not in self.leftovers():
-                os.close(fd)
-                continue
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            except OSError:
-                os.close(fd)
-                continue
-            fds.append(fd)
-            named.append(f"{pid} ({_command(pid)})")
+        fds: list[int] = []
+        killed: set[int] = set()
+        for _ in range(_KILL_ROUNDS):
+            found = [pid for pid in self.leftovers() if pid not in killed]
+            if not found:
+                break
+            for pid in found:
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:
+                    continue  # gone already
+                # Still ours now that the pidfd pins it? (Its pid may have been reused.)
+                if not self._ours(str(pid)):
+                    os.close(fd)
+                    continue
+                command = _command(pid)  # before it is gone
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except OSError:
+                    os.close(fd)
+                    continue
+                fds.append(fd)
+                killed.add(pid)
+                named.append(f"{pid} ({command})")
         loop = asyncio.get_running_loop()
         try:
             waits = []
