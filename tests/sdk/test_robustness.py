@@ -479,6 +479,31 @@ async def test_repaired_preferred_answer_is_logged(
     assert repaired.is_set()
 
 
+class MustLast(StaticPlugin):
+    async def preferred_allocation(
+        self,
+        available: Sequence[kubedevice.Device],
+        must_include: Sequence[kubedevice.Device],
+        size: int,
+    ) -> Sequence[str]:
+        return ["d0", "d2"]  # valid: the must-include ID is there, only not first
+
+
+async def test_a_valid_answer_in_another_order_is_not_an_error(
+    server: kubedevice.PluginServer, stub_for: Any
+) -> None:
+    """The conformance kit fails a plugin that logs a repair: a mere order is not one."""
+    await server.add(MustLast(devs(3)))
+    req = dp.PreferredAllocationRequest()
+    req.container_requests.add(
+        available_deviceIDs=["d0", "d1", "d2"], must_include_deviceIDs=["d2"], allocation_size=2
+    )
+    with log_event("is invalid") as repaired:
+        resp = await stub_for(RES).GetPreferredAllocation(req)
+    assert set(resp.container_responses[0].deviceIDs) == {"d0", "d2"}
+    assert not repaired.is_set()
+
+
 async def test_kubelet_stream_closed_while_another_client_streams_reregisters(
     kubelet: KubeletDouble, server: kubedevice.PluginServer, stub_for: Any
 ) -> None:

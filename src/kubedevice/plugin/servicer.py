@@ -365,7 +365,9 @@ class _Servicer:
                 )
                 answer = fallback
             chosen = enforce_preferred_invariants(answer, available_ids, must_ids, size, fallback)
-            if chosen != answer:
+            # Repaired: IDs added, dropped or deduplicated (must-include ones moved first
+            # is only an order, not a repair).
+            if len(chosen) != len(answer) or set(chosen) != set(answer):
                 log.error(
                     "preferred_allocation hook answer %r is invalid (it must include %r, have "
                     "%d IDs, only offered ones, no repeats); repaired, answering %r",
