@@ -599,13 +599,10 @@ class RefusingKubelet(KubeletDouble):
         self.refusals = refusals
         self.instance = 1
         self.refused = 0
-        self.all_refused = asyncio.Event()
 
     async def _register(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if self.refused < self.refusals:
             self.refused += 1
-            if self.refused == self.refusals:
-                self.all_refused.set()
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"kubelet {self.instance} not ready ({self.refused})"
             )
@@ -613,12 +610,17 @@ class RefusingKubelet(KubeletDouble):
 
 
 class _Lines(logging.Handler):
-    def __init__(self) -> None:
+    def __init__(self, needle: str) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
+        self.needle = needle
+        self.seen = asyncio.Event()  # the SDK logs on the loop's thread
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        line = record.getMessage()
+        self.lines.append(line)
+        if self.needle in line:
+            self.seen.set()
 
 
 async def test_a_new_kubelet_gets_a_fresh_backoff(sock_dir: Path) -> None:
@@ -626,7 +628,7 @@ async def test_a_new_kubelet_gets_a_fresh_backoff(sock_dir: Path) -> None:
     inherit that delay (a restart storm grew it to seconds, so resources came back late)."""
     kubelet = RefusingKubelet(sock_dir, refusals=7)
     await kubelet.start()
-    lines = _Lines()
+    lines = _Lines("kubelet 1 not ready (7); retrying in")
     logger = logging.getLogger("kubedevice")
     old_level = logger.level
     logger.addHandler(lines)
@@ -636,9 +638,9 @@ async def test_a_new_kubelet_gets_a_fresh_backoff(sock_dir: Path) -> None:
             sock_dir, backoff_initial=0.01, backoff_max=5.0
         ) as server:
             await server.add(StaticPlugin(devs(1)))
-            await asyncio.wait_for(kubelet.all_refused.wait(), 30)
+            # The SDK has taken the 7th refusal (and chosen its delay), not just been sent it.
+            await asyncio.wait_for(lines.seen.wait(), 30)
             kubelet.instance, kubelet.refused, kubelet.refusals = 2, 0, 1
-            kubelet.all_refused.clear()
             await kubelet.restart()
             await server.wait_registered(RES, timeout=30)
     finally:
