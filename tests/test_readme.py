@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["minimal.py", "all_hooks.py"])
+@pytest.mark.parametrize("name", ["minimal.py", "all_hooks.py", "plain_hooks.py"])
 def test_readme_embeds_the_sdk_examples_verbatim(name: str) -> None:
     readme = (ROOT / "README.md").read_text()
     example = (ROOT / "examples" / name).read_text()

@@ -42,6 +42,7 @@ BROKEN: dict[str, str] = {
     "--leave-socket": "sigterm-clean-exit",
     "--raising-preferred": "preferred-allocation",
     "--orphan-child": "sigterm-clean-exit",
+    "--setsid-child": "sigterm-clean-exit",
 }
 
 MULTI = ("--resource", "example.com/a", "--resource", "example.com/b")
@@ -158,11 +159,39 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")  # exited (a zombie until its new parent reaps it)
 
 
-def test_orphaned_child_killed_and_reported(reports: dict[str, Report]) -> None:
-    rep = reports["--orphan-child"]
+@pytest.mark.parametrize("flag", ["--orphan-child", "--setsid-child"])
+def test_orphaned_child_killed_and_reported(reports: dict[str, Report], flag: str) -> None:
+    rep = reports[flag]
     result = rep.get("sigterm-clean-exit")
-    assert "process group" in result.evidence, result.evidence
     lines = [x for x in rep.log_path.read_text().splitlines() if "CHILD " in x]
     assert lines, _explain(rep)
     pid = int(lines[0].rsplit(" ", 1)[1])
+    assert f"left 1 process(es) it started running (pid {pid} (python" in result.evidence, (
+        result.evidence
+    )
     assert _gone(pid)
+
+
+BUFFERED = """
+import signal, sys, time
+out = open(1, "w", buffering=1 << 16)  # block-buffered, as C's stdio is into a file
+def stop(*_):
+    out.write("got SIGTERM, exiting\\n")
+    sys.exit(0)  # flushes what is buffered
+signal.signal(signal.SIGTERM, stop)
+out.write("started, never registering\\n")
+while True:
+    time.sleep(60)
+"""
+
+
+def test_the_log_keeps_what_a_plugin_flushes_when_the_run_ends(tmp_path: Path) -> None:
+    """At the end of a run the plugin gets SIGTERM first, so buffered lines reach the log."""
+    rep = check_plugin(
+        [sys.executable, "-c", BUFFERED],
+        timeout=5.0,
+        startup_timeout=0.5,
+        log_path=tmp_path / "plugin.log",
+    )
+    assert rep.get("registration-valid").outcome is Outcome.FAIL
+    assert rep.log_tail() == "started, never registering\ngot SIGTERM, exiting\n"

@@ -73,3 +73,21 @@ def test_junit_has_one_testcase_per_case(tmp_path: Path) -> None:
     assert level is not None
     assert level.get("value") == "MUST"
     assert cases["preferred-allocation[example.com/x]"].find("skipped") is not None
+
+
+def test_log_tail_counts_lines_by_newline_only(tmp_path: Path) -> None:
+    rep = _report(tmp_path, {})
+    rep.log_path.write_bytes(b"first\nprogress 10%\rprogress 100%\nbad \xff byte\nno newline")
+    assert rep.log_tail(3) == "progress 10%\rprogress 100%\nbad \ufffd byte\nno newline"
+    assert rep.log_tail(0) == ""
+    rep.log_path.write_bytes(b"")
+    assert rep.log_tail() == ""
+
+
+def test_log_tail_of_a_huge_log_reads_only_its_end(tmp_path: Path) -> None:
+    rep = _report(tmp_path, {})
+    with rep.log_path.open("wb") as fh:
+        fh.write(b"x" * (3 << 20) + b"\n")  # one 3 MB line, then the lines that matter
+        fh.write(b"".join(b"line %d\n" % i for i in range(5)))
+    assert rep.log_tail(5) == "".join(f"line {i}\n" for i in range(5))
+    assert rep.log_tail(100).startswith("line 0\n")  # the cut first line is not shown

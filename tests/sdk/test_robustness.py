@@ -324,7 +324,7 @@ async def test_snapshot_given_as_an_iterator_is_sent_whole(
     kubelet: KubeletDouble, server: kubedevice.PluginServer
 ) -> None:
     plugin = GeneratorSource()
-    with log_event("refused a device snapshot") as refused:
+    with log_event("still serving the last good list") as refused:
         await server.add(plugin)
         await server.wait_registered(RES, timeout=10)
         assert [i for i, _ in kubelet.registrations[0].first_list] == ["g0", "g1", "g2"]
@@ -473,10 +473,35 @@ async def test_repaired_preferred_answer_is_logged(
     req.container_requests.add(
         available_deviceIDs=["d0", "d1", "d2"], must_include_deviceIDs=["d2"], allocation_size=2
     )
-    with log_event("broke the invariants") as repaired:
+    with log_event("is invalid (it must include") as repaired:
         resp = await stub_for(RES).GetPreferredAllocation(req)
     assert list(resp.container_responses[0].deviceIDs) == ["d2", "d0"]
     assert repaired.is_set()
+
+
+class MustLast(StaticPlugin):
+    async def preferred_allocation(
+        self,
+        available: Sequence[kubedevice.Device],
+        must_include: Sequence[kubedevice.Device],
+        size: int,
+    ) -> Sequence[str]:
+        return ["d0", "d2"]  # valid: the must-include ID is there, only not first
+
+
+async def test_a_valid_answer_in_another_order_is_not_an_error(
+    server: kubedevice.PluginServer, stub_for: Any
+) -> None:
+    """The conformance kit fails a plugin that logs a repair: a mere order is not one."""
+    await server.add(MustLast(devs(3)))
+    req = dp.PreferredAllocationRequest()
+    req.container_requests.add(
+        available_deviceIDs=["d0", "d1", "d2"], must_include_deviceIDs=["d2"], allocation_size=2
+    )
+    with log_event("is invalid") as repaired:
+        resp = await stub_for(RES).GetPreferredAllocation(req)
+    assert set(resp.container_responses[0].deviceIDs) == {"d0", "d2"}
+    assert not repaired.is_set()
 
 
 async def test_kubelet_stream_closed_while_another_client_streams_reregisters(
@@ -514,3 +539,118 @@ async def test_a_probe_stream_closing_is_not_the_kubelet_leaving(
             assert len(await kubelet.wait_list(RES, lambda lst, n=n: len(lst) == n)) == n
         assert server.registration_count(RES) == 1
         assert len(kubelet.registrations) == 1
+
+
+@pytest.mark.parametrize("when", ["first-serve", "after-kubelet-restart"])
+async def test_socket_removed_while_its_server_starts_is_not_lost(
+    kubelet: KubeletDouble, sock_dir: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A kubelet restart storm: our fresh socket is deleted while its gRPC server starts.
+
+    The removal's inotify event arrives before the server counts as serving; it used to
+    be dropped, and the kubelet then dialled a socket that was gone on every Register
+    (DEADLINE_EXCEEDED) forever. Here the removal is delivered at exactly that moment.
+    """
+    import kubedevice.plugin.server as server_mod
+
+    seen: dict[str, asyncio.Event] = {}
+    armed = when == "first-serve"
+
+    async def starting(path: Path) -> None:
+        nonlocal armed
+        if not armed:
+            return
+        armed = False
+        seen[path.name] = asyncio.Event()
+        path.unlink()  # as a restarting kubelet does
+        await asyncio.wait_for(seen[path.name].wait(), 10)  # the server was told, and ignored it
+
+    monkeypatch.setattr(server_mod, "_starting", starting)
+    server = kubedevice.PluginServer(
+        sock_dir, stream_grace=0.2, backoff_initial=0.01, backoff_max=0.2, register_timeout=1
+    )
+    on_change = server._on_change
+
+    def watched(name: str) -> None:
+        on_change(name)
+        if name in seen:
+            seen[name].set()
+
+    monkeypatch.setattr(server, "_on_change", watched)
+    async with server:
+        await server.add(StaticPlugin(devs(1)))
+        count = 1
+        if when == "after-kubelet-restart":
+            await server.wait_registered(RES, timeout=10)
+            armed = True
+            await kubelet.restart()
+            count = 2
+        await server.wait_registered(RES, count=count, timeout=10)
+        assert not armed  # the removal did happen during start-up
+        assert stat.S_ISSOCK(server.socket_path(RES).lstat().st_mode)
+        assert kubelet.registrations[-1].first_list == [("d0", "Healthy")]
+
+
+class RefusingKubelet(KubeletDouble):
+    """Refuses the first ``refusals`` Register calls of each instance, naming the instance."""
+
+    def __init__(self, directory: Path, refusals: int) -> None:
+        super().__init__(directory)
+        self.refusals = refusals
+        self.instance = 1
+        self.refused = 0
+
+    async def _register(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if self.refused < self.refusals:
+            self.refused += 1
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"kubelet {self.instance} not ready ({self.refused})"
+            )
+        return await super()._register(request, context)
+
+
+class _Lines(logging.Handler):
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.needle = needle
+        self.seen = asyncio.Event()  # the SDK logs on the loop's thread
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        self.lines.append(line)
+        if self.needle in line:
+            self.seen.set()
+
+
+async def test_a_new_kubelet_gets_a_fresh_backoff(sock_dir: Path) -> None:
+    """Failures against one kubelet back off; the first failure against a new one does not
+    inherit that delay (a restart storm grew it to seconds, so resources came back late)."""
+    kubelet = RefusingKubelet(sock_dir, refusals=7)
+    await kubelet.start()
+    lines = _Lines("kubelet 1 not ready (7); retrying in")
+    logger = logging.getLogger("kubedevice")
+    old_level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.DEBUG)
+    try:
+        async with kubedevice.PluginServer(
+            sock_dir, backoff_initial=0.01, backoff_max=5.0
+        ) as server:
+            await server.add(StaticPlugin(devs(1)))
+            # The SDK has taken the 7th refusal (and chosen its delay), not just been sent it.
+            await asyncio.wait_for(lines.seen.wait(), 30)
+            kubelet.instance, kubelet.refused, kubelet.refusals = 2, 0, 1
+            await kubelet.restart()
+            await server.wait_registered(RES, timeout=30)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(old_level)
+        await kubelet.stop()
+
+    def delay_after(needle: str) -> float:
+        line = next(x for x in lines.lines if needle in x and "retrying in" in x)
+        return float(line.rsplit("retrying in ", 1)[1].split()[0])
+
+    assert delay_after("kubelet 1 not ready (7)") >= 0.01 * 2**6 * 0.8  # it did back off
+    assert delay_after("kubelet 2 not ready (1)") <= 0.01 * 1.2  # and started over

@@ -559,3 +559,97 @@ async def test_readded_plugin_starts_with_latest_pushed_list(
     await server.wait_registered(RES, timeout=10)
     regs = await kubelet.wait_registrations(2)
     assert [i for i, _ in regs[1].first_list] == ["d0", "d1", "d2"]
+
+
+class DuplicateFirst(kubedevice.DevicePlugin):
+    resource_name = RES
+
+    async def devices(self) -> AsyncIterator[Sequence[kubedevice.Device]]:
+        yield [kubedevice.Device(id="x"), kubedevice.Device(id="x")]
+        await asyncio.Event().wait()
+
+
+async def test_a_refused_first_list_stops_serve_with_the_error(sock_dir: Path) -> None:
+    """Nothing to serve: the plugin must not sit there running and never registered."""
+    with pytest.raises(kubedevice.ConfigError) as err:
+        await asyncio.wait_for(kubedevice.serve(DuplicateFirst(), device_plugin_dir=sock_dir), 10)
+    assert str(err.value) == (
+        "device list of example.com/dev refused: device ID 'x' appears twice; "
+        "example.com/dev cannot be served"
+    )
+    assert not [p for p in sock_dir.iterdir() if p.name.startswith("example.com")]
+
+
+async def test_a_refused_later_list_keeps_the_last_good_one(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer
+) -> None:
+    plugin = PushPlugin()
+    plugin.update(devs(2))
+    await server.add(plugin)
+    await server.wait_registered(RES, timeout=10)
+    with pytest.raises(kubedevice.ConfigError, match="device ID 'd0' appears twice"):
+        plugin.update([*devs(1), *devs(1)])
+    plugin.update(devs(3))
+    assert len(await kubelet.wait_list(RES, lambda lst: len(lst) == 3)) == 3
+
+
+async def test_metrics_url_brackets_an_ipv6_host(sock_dir: Path) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    async with kubedevice.PluginServer(sock_dir, metrics_address="[::1]:0") as server:
+        url = server.metrics_url
+    assert url is not None
+    assert url.startswith("http://[::1]:")
+    assert url.endswith("/metrics")
+    int(url.removeprefix("http://[::1]:").removesuffix("/metrics"))
+
+
+class BadDeviceFirst(kubedevice.DevicePlugin):
+    resource_name = RES
+
+    async def devices(self) -> AsyncIterator[Sequence[kubedevice.Device]]:
+        yield [kubedevice.Device(id="a", numa_nodes=(2**63,))]
+
+
+async def test_a_source_failing_before_its_first_list_stops_serve(sock_dir: Path) -> None:
+    with pytest.raises(kubedevice.PluginServerError) as err:
+        await asyncio.wait_for(kubedevice.serve(BadDeviceFirst(), device_plugin_dir=sock_dir), 10)
+    assert str(err.value) == (
+        "the device source of example.com/dev failed before its first list: device 'a': "
+        "NUMA node 9223372036854775808 is out of range: the wire carries 0 to "
+        "9223372036854775807 (int64)"
+    )
+
+
+def test_main_exits_2_with_one_line_for_a_bad_first_list(sock_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import kubedevice\n"
+        "class P(kubedevice.DevicePlugin):\n"
+        "    resource_name = 'example.com/dev'\n"
+        "    def devices(self):\n"
+        "        yield [kubedevice.Device(id='x'), kubedevice.Device(id='x')]\n"
+        "raise SystemExit(kubedevice.main(P()))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--device-plugin-dir", str(sock_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].endswith(
+        "device list of example.com/dev refused: device ID 'x' appears twice; "
+        "example.com/dev cannot be served"
+    )
+    assert "Traceback" not in proc.stderr

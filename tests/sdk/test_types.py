@@ -80,3 +80,73 @@ def test_options_from_overrides() -> None:
     assert Plain().options() == kubedevice.PluginOptions(False, False)
     assert Advertised().options() == kubedevice.PluginOptions(False, True)
     assert repr(kubedevice.DEFAULT) == "kubedevice.DEFAULT"
+
+
+@pytest.mark.parametrize(
+    "node", [2**63, 10**20, 10**5000, -(10**5000)], ids=["2^63", "10^20", "10^5000", "-10^5000"]
+)
+def test_numa_node_out_of_the_wire_range_is_one_clear_error(node: int) -> None:
+    with pytest.raises(kubedevice.ConfigError) as err:
+        kubedevice.Device(id="a", numa_nodes=(node,))
+    text = str(err.value)
+    assert text.startswith("device 'a': NUMA node ")
+    assert "out of range: the wire carries 0 to 9223372036854775807 (int64)" in text
+    assert "set_int_max_str_digits" not in text
+    assert len(text) < 200
+
+
+def test_largest_numa_node_on_the_wire_is_accepted() -> None:
+    from kubedevice.plugin.servicer import encode_devices
+
+    dev = kubedevice.Device(id="a", numa_nodes=(2**63 - 1,))
+    assert encode_devices([dev])
+
+
+def test_constructors_take_any_sequence_and_store_tuples() -> None:
+    spec = kubedevice.DeviceSpec("/dev/x", "/dev/null")
+    mount = kubedevice.Mount("/m", "/tmp")
+    dev = kubedevice.Device(
+        id="a", numa_nodes=[0], device_specs=[spec], mounts=[mount], cdi_devices=["v.com/c=x"]
+    )
+    assert (dev.numa_nodes, dev.device_specs, dev.mounts, dev.cdi_devices) == (
+        (0,),
+        (spec,),
+        (mount,),
+        ("v.com/c=x",),
+    )
+    alloc = kubedevice.ContainerAllocation(device_specs=[spec], mounts=[mount], cdi_devices=[])
+    assert (alloc.device_specs, alloc.mounts, alloc.cdi_devices) == ((spec,), (mount,), ())
+
+
+class _Pushed(kubedevice.DevicePlugin):
+    resource_name = "example.com/pushed"
+
+
+@pytest.mark.parametrize(
+    ("devices", "needle"),
+    [
+        (
+            [kubedevice.Device(id="a"), kubedevice.Device(id="b"), kubedevice.Device(id="a")],
+            "device list of example.com/pushed refused: device ID 'a' appears twice",
+        ),
+        (
+            [kubedevice.Device(id="a"), "b"],
+            "device list of example.com/pushed refused: item 1 is a str, not a kubedevice.Device",
+        ),
+        (
+            kubedevice.Device(id="a"),
+            "device list of example.com/pushed refused: ",
+        ),
+    ],
+    ids=["duplicate", "not-a-device", "one-device"],
+)
+def test_update_refuses_a_bad_list_at_the_call_and_keeps_the_last_good(
+    devices: object, needle: str
+) -> None:
+    plugin = _Pushed()
+    good = [kubedevice.Device(id="g")]
+    plugin.update(good)
+    with pytest.raises(kubedevice.ConfigError) as err:
+        plugin.update(devices)  # type: ignore[arg-type]
+    assert str(err.value).startswith(needle)
+    assert plugin._kd_pending == tuple(good)

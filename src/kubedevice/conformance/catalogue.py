@@ -116,8 +116,8 @@ CASES: Final[tuple[Case, ...]] = (
     Case(
         "sigterm-clean-exit",
         Level.SHOULD,
-        "SIGTERM: exit code 0 within 5 s, the plugin's sockets are removed, and nothing of "
-        "its process group is left running (leftovers are killed)",
+        "SIGTERM: exit code 0 within 5 s, the plugin's sockets are removed, and nothing it "
+        "started is left running, in its session or out of it (leftovers are killed)",
         "contract.md#stream-end (a stale socket confuses the next instance)",
         per_resource=False,
     ),

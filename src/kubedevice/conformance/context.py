@@ -85,9 +85,11 @@ class ResourceState:
     unhealthy: list[str] = field(default_factory=list)
 
 
-#: A plugin log line that reports a problem (any language's usual words for one).
+#: A plugin log line that reports a problem (any language's usual words for one, and an
+#: answer the plugin's framework had to repair, as the kubedevice SDK logs it).
 _LOGGED_ERROR = re.compile(
-    r"(?i)\b(error|exception|traceback|panic|fatal|critical|fail(ed|ure|s)?)\b"
+    r"(?i)\b(error|exception|traceback|panic|fatal|critical|fail(ed|ure|s)?|invalid|"
+    r"repaired)\b"
 )
 
 

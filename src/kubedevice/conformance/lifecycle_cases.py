@@ -250,8 +250,8 @@ async def check_sigterm(ctx: RunContext) -> None:
         ctx.add(
             "sigterm-clean-exit",
             Outcome.FAIL,
-            f"exited {code} after {fmt(took)} but left {len(orphans)} process(es) of its "
-            f"process group running (pid {', '.join(map(str, orphans))}); killed them",
+            f"exited {code} after {fmt(took)} but left {len(orphans)} process(es) it "
+            f"started running (pid {', '.join(orphans)}); killed them",
             started=started,
         )
     elif code != 0:

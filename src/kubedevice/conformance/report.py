@@ -7,13 +7,15 @@ talks to a plugin.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubedevice.conformance.catalogue import Case, Level
 
 __all__ = ["CaseResult", "Outcome", "Report"]
+
+#: How much of the end of the plugin's log :meth:`Report.log_tail` reads at most.
+_TAIL_BYTES = 1 << 20
 
 
 class Outcome(enum.Enum):
@@ -112,9 +114,24 @@ class Report:
         return "\n".join(lines)
 
     def log_tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of the plugin's output ("" when the log is gone)."""
+        """The last ``lines`` lines of the plugin's output ("" when the log is gone).
+
+        Lines end at ``\n`` only (a ``\r`` inside a line, as progress output writes, does
+        not split it, so it cannot push a real line out of the tail); a last line without
+        a newline counts; bytes that are not UTF-8 are replaced.
+        """
         try:
-            with self.log_path.open(errors="replace") as fh:
-                return "".join(deque(fh, maxlen=lines))
+            with self.log_path.open("rb") as fh:
+                size = fh.seek(0, 2)
+                fh.seek(max(0, size - _TAIL_BYTES))
+                data = fh.read()
         except OSError:
             return ""
+        if len(data) == _TAIL_BYTES and size > _TAIL_BYTES:
+            data = data.partition(b"\n")[2]  # the first line was cut by the seek
+        ended = data.endswith(b"\n")
+        parts = (data[:-1] if ended else data).split(b"\n") if data else []
+        tail = parts[-lines:] if lines > 0 else []
+        if not tail:
+            return ""
+        return (b"\n".join(tail) + (b"\n" if ended else b"")).decode("utf-8", "replace")

@@ -382,15 +382,16 @@ async def _case_preferred(ctx: RunContext, res: ResourceState) -> None:
                 started,
             )
             return
-    # A plugin whose hook failed may still answer validly from a fallback: the error it
-    # logged meanwhile is the only trace, and the hook the author wrote never ran.
+    # A plugin whose hook failed, or answered wrongly, may still answer validly from a
+    # fallback or a repair (the SDK does both): the line it logged meanwhile is the only
+    # trace that the answer is not the one its author wrote.
     errors = ctx.logged_errors(logged)
     if errors:
         ctx.add(
             "preferred-allocation",
             Outcome.FAIL,
             "the answers were valid, but the plugin logged an error while answering "
-            f"(its hook failed and a fallback answered?): {errors[0][:200]}",
+            f"(its hook failed or its answer was repaired): {errors[0][:200]}",
             res.name,
             started,
         )

@@ -34,6 +34,10 @@ from kubedevice.kubelet import ListAndWatchEvent
 
 __all__ = ["check_plugin", "run_conformance"]
 
+#: How long a plugin still running when the run ends gets to exit on SIGTERM (and flush
+#: its output) before it is killed.
+STOP_GRACE_S = 2.0
+
 log = logging.getLogger(__name__)
 
 
@@ -47,7 +51,7 @@ class _Run(RunContext):
             try:
                 await self._phases()
             finally:
-                await self.proc.kill()
+                await self.proc.stop(self.cap(STOP_GRACE_S))
         finally:
             await self.emu.stop()
 

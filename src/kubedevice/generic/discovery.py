@@ -18,10 +18,14 @@ from pathlib import Path
 from kubedevice.generic.config import Config, GroupSpec, ResourceSpec, group_name, has_glob
 from kubedevice.generic.ids import MAX_ID_LENGTH, sanitize_id
 from kubedevice.generic.templates import CDI_VARIABLES, Template
+from kubedevice.plugin.safefile import read_regular
 
 __all__ = ["Node", "PhysicalDevice", "Scanner", "watch_dirs"]
 
 log = logging.getLogger(__name__)
+
+#: Largest NUMA node number Linux can have (``CONFIG_NODES_SHIFT`` is at most 10).
+MAX_NUMA_NODE = 1023
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ class Scanner:
         self.dev_root = os.path.realpath(config.dev_root)
         self.sys_root = os.path.realpath(config.sys_root)
         self._numa_cache: dict[str, int | None] = {}
+        self._bad_numa: set[tuple[str, str]] = set()  # (file, value) already logged
         self._warned: set[str] = set()
         self._offered: dict[str, frozenset[str]] = {}  # per resource, for ``limit``
 
@@ -343,11 +348,27 @@ class Scanner:
         text = _read(real)
         if text is None:
             return None
-        try:
-            value = int(text)
-        except ValueError:
+        if text.startswith("-"):
+            return None  # -1: the kernel's "no NUMA node"
+        if not text.isascii() or not text.isdigit() or len(text) > 4:
+            self._refuse_numa(real, text)
             return None
-        return value if value >= 0 else None
+        value = int(text)
+        if value > MAX_NUMA_NODE:
+            self._refuse_numa(real, text)
+            return None
+        return value
+
+    def _refuse_numa(self, path: str, text: str) -> None:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        if (path, shown) not in self._bad_numa:
+            self._bad_numa.add((path, shown))
+            log.warning(
+                "ignoring %s: %r is not a NUMA node (0 to %d); the device gets no NUMA node",
+                path,
+                shown,
+                MAX_NUMA_NODE,
+            )
 
 
 def _with_id(dev: PhysicalDevice, new_id: str) -> PhysicalDevice:
@@ -363,8 +384,7 @@ def _with_id(dev: PhysicalDevice, new_id: str) -> PhysicalDevice:
 
 def _read(path: str) -> str | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
+        return read_regular(path).decode("utf-8", "replace").strip()  # never a FIFO's wait
     except OSError:
         return None
 

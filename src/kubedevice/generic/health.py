@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kubedevice.generic.config import HealthSpec
 from kubedevice.generic.discovery import PhysicalDevice
 from kubedevice.generic.templates import CHECK_VARIABLES, Template
+from kubedevice.plugin.safefile import read_regular
 
 __all__ = ["CheckResult", "run_check"]
 
@@ -45,8 +46,7 @@ def _read_attribute(local: str, sys_root: str) -> str | None:
     root = os.path.realpath(sys_root)
     if not real.startswith(root.rstrip("/") + "/"):
         return None
-    with open(real, encoding="utf-8", errors="replace") as f:
-        return f.read()
+    return read_regular(real).decode("utf-8", "replace")  # a FIFO: an error, never a wait
 
 
 def _kill_group(pid: int) -> None:

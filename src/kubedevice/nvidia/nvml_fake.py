@@ -61,6 +61,7 @@ from kubedevice.plugin.schema import (
     build,
     describe_input,
 )
+from kubedevice.plugin.safefile import inside
 
 __all__ = [
     "CONTROL_ENV",
@@ -1047,9 +1048,13 @@ def _machine_of(machine: FakeMachine | FakeNvml) -> FakeMachine:
 
 
 def write_fake_sysfs(machine: FakeMachine | FakeNvml, root: Path) -> None:
-    """Create ``<root>/bus/pci/devices/<bus id>/{numa_node,vendor,class}`` for each GPU."""
+    """Create ``<root>/bus/pci/devices/<bus id>/{numa_node,vendor,class}`` for each GPU.
+
+    Raises:
+        ConfigError: A bus ID would leave ``root`` (``..``, an absolute path).
+    """
     for g in _machine_of(machine).gpus:
-        d = root / "bus" / "pci" / "devices" / g.info.pci_bus_id
+        d = inside(root / "bus" / "pci" / "devices", g.info.pci_bus_id, "PCI bus ID")
         d.mkdir(parents=True, exist_ok=True)
         numa = -1 if g.numa_node is None else g.numa_node
         (d / "numa_node").write_text(f"{numa}\n")
@@ -1062,6 +1067,9 @@ def write_fake_dev(machine: FakeMachine | FakeNvml, root: Path) -> list[Path]:
 
     ``/dev/nvidia0`` becomes ``<root>/nvidia0``; ``/dev/nvidia-caps/nvidia-cap1``
     becomes ``<root>/nvidia-caps/nvidia-cap1``.
+
+    Raises:
+        ConfigError: A node would leave ``root`` (``..`` in it); nothing is written for it.
     """
     made: list[Path] = []
     for node in _machine_of(machine).dev_nodes:
@@ -1069,7 +1077,7 @@ def write_fake_dev(machine: FakeMachine | FakeNvml, root: Path) -> list[Path]:
         if not rel or rel == "nvidia-caps":
             (root / "nvidia-caps").mkdir(parents=True, exist_ok=True)
             continue
-        p = root / rel
+        p = inside(root, rel, "device node")
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
         made.append(p)

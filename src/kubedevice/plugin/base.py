@@ -7,12 +7,18 @@ Which optional RPCs a plugin advertises follows from which hooks its class overr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import ClassVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from kubedevice.plugin.config import default_socket_name, validate_resource_name
 from kubedevice.plugin.policy import default_preferred_allocation
-from kubedevice.plugin.types import DEFAULT, AllocateResult, Device, PluginOptions
+from kubedevice.plugin.types import (
+    DEFAULT,
+    AllocateResult,
+    Device,
+    PluginOptions,
+    checked_snapshot,
+)
 
 __all__ = ["DevicePlugin"]
 
@@ -54,65 +60,83 @@ class DevicePlugin:
     _kd_sink: _Sink | None = None
     _kd_pending: tuple[Device, ...] | None = None
 
-    async def devices(self) -> AsyncIterator[Sequence[Device]]:
-        """Yield full device snapshots: the first is the initial list, then one per change.
+    if TYPE_CHECKING:
+        # The types a subclass may override with: ``async def`` or plain ``def`` hooks
+        # (a plain generator for devices()). The implementations are below.
 
-        Each snapshot replaces the previous one entirely. When the iterator ends the last
-        snapshot stays in force; when it raises, the error is logged and the last
-        snapshot stays too. The default yields nothing and waits, for plugins that only
-        use :meth:`update`.
+        def devices(self) -> AsyncIterator[Sequence[Device]] | Iterator[Sequence[Device]]: ...
 
-        Yields:
-            The complete current device list.
-        """
-        await asyncio.Event().wait()
-        yield ()  # pragma: no cover - makes this an async generator
+        def allocate(
+            self, devices: Sequence[Device]
+        ) -> AllocateResult | Awaitable[AllocateResult]: ...
 
-    async def allocate(self, devices: Sequence[Device]) -> AllocateResult:
-        """Build the response for one container that gets ``devices``.
+        def preferred_allocation(
+            self, available: Sequence[Device], must_include: Sequence[Device], size: int
+        ) -> Sequence[str] | Awaitable[Sequence[str]]: ...
 
-        The IDs were already checked: known, healthy, distinct, at least one.
+        def pre_start(self, devices: Sequence[Device]) -> Awaitable[None] | None: ...
 
-        Args:
-            devices: The devices, in the kubelet's request order.
+    else:
 
-        Returns:
-            A :class:`ContainerAllocation`, or ``kubedevice.DEFAULT`` for the union of
-            the devices' declared device nodes, mounts, envs, annotations and CDI names.
-            Raising :class:`~kubedevice.AllocationError` refuses the request with
-            ``INVALID_ARGUMENT``; any other exception makes the RPC fail with ``INTERNAL``.
-        """
-        return DEFAULT
+        async def devices(self) -> AsyncIterator[Sequence[Device]]:
+            """Yield full device snapshots: the first is the initial list, then one per change.
 
-    async def preferred_allocation(
-        self, available: Sequence[Device], must_include: Sequence[Device], size: int
-    ) -> Sequence[str]:
-        """Choose ``size`` device IDs for a container (``GetPreferredAllocation``).
+            Each snapshot replaces the previous one entirely. When the iterator ends the last
+            snapshot stays in force; when it raises, the error is logged and the last
+            snapshot stays too. The default yields nothing and waits, for plugins that only
+            use :meth:`update`.
 
-        The answer is checked: every must-include ID is added if missing, IDs that were
-        not offered and duplicates are dropped, and a short answer is filled with the
-        default policy; any repair is logged. Raising falls back to the default policy.
+            Yields:
+                The complete current device list.
+            """
+            await asyncio.Event().wait()
+            yield ()  # pragma: no cover - makes this an async generator
 
-        Args:
-            available: The devices the kubelet offers (must-include ones among them).
-            must_include: Devices already chosen; they count toward ``size``.
-            size: The total number of devices the container requests.
+        async def allocate(self, devices: Sequence[Device]) -> AllocateResult:
+            """Build the response for one container that gets ``devices``.
 
-        Returns:
-            The preferred device IDs. The default policy takes the must-include devices,
-            then devices sharing NUMA nodes with them, then the rest in offered order.
-        """
-        return default_preferred_allocation(available, must_include, size)
+            The IDs were already checked: known, healthy, distinct, at least one.
 
-    async def pre_start(self, devices: Sequence[Device]) -> None:
-        """Prepare ``devices`` before a container that uses them starts.
+            Args:
+                devices: The devices, in the kubelet's request order.
 
-        Overriding this advertises ``pre_start_required``. Raising makes the RPC fail with
-        ``INTERNAL`` (the kubelet then fails the container start).
+            Returns:
+                A :class:`ContainerAllocation`, or ``kubedevice.DEFAULT`` for the union of
+                the devices' declared device nodes, mounts, envs, annotations and CDI names.
+                Raising :class:`~kubedevice.AllocationError` refuses the request with
+                ``INVALID_ARGUMENT``; any other exception makes the RPC fail with ``INTERNAL``.
+            """
+            return DEFAULT
 
-        Args:
-            devices: The container's devices (known IDs only, any health).
-        """
+        async def preferred_allocation(
+            self, available: Sequence[Device], must_include: Sequence[Device], size: int
+        ) -> Sequence[str]:
+            """Choose ``size`` device IDs for a container (``GetPreferredAllocation``).
+
+            The answer is checked: every must-include ID is added if missing, IDs that were
+            not offered and duplicates are dropped, and a short answer is filled with the
+            default policy; any repair is logged. Raising falls back to the default policy.
+
+            Args:
+                available: The devices the kubelet offers (must-include ones among them).
+                must_include: Devices already chosen; they count toward ``size``.
+                size: The total number of devices the container requests.
+
+            Returns:
+                The preferred device IDs. The default policy takes the must-include devices,
+                then devices sharing NUMA nodes with them, then the rest in offered order.
+            """
+            return default_preferred_allocation(available, must_include, size)
+
+        async def pre_start(self, devices: Sequence[Device]) -> None:
+            """Prepare ``devices`` before a container that uses them starts.
+
+            Overriding this advertises ``pre_start_required``. Raising makes the RPC fail with
+            ``INTERNAL`` (the kubelet then fails the container start).
+
+            Args:
+                devices: The container's devices (known IDs only, any health).
+            """
 
     def update(self, devices: Iterable[Device]) -> None:
         """Publish a new full snapshot now, from the event loop the server runs on.
@@ -122,8 +146,12 @@ class DevicePlugin:
 
         Args:
             devices: The complete current device list.
+
+        Raises:
+            ConfigError: The list has a device ID twice or an item that is not a
+                :class:`Device`; the last good list stays in force.
         """
-        snapshot = tuple(devices)
+        snapshot = checked_snapshot(devices, getattr(self, "resource_name", ""))
         self._kd_pending = snapshot  # the initial list if the plugin is (re-)added later
         sink = self._kd_sink
         if sink is not None:

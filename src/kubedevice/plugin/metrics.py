@@ -32,13 +32,21 @@ def parse_metrics_address(address: str) -> tuple[str, int]:
     from kubedevice.errors import ConfigError
 
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not port.isascii() or int(port) > 65535:
+    digits = port.lstrip("0") or "0"  # int() of thousands of digits raises, not refuses
+    if (
+        not sep
+        or not port.isdigit()
+        or not port.isascii()
+        or len(digits) > 5
+        or int(digits) > 65535
+    ):
+        shown = address if len(address) <= 80 else address[:80] + "..."
         raise ConfigError(
-            f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"
+            f"metrics address: expected HOST:PORT with a port 0-65535 (got {shown!r})"
         )
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return host or "0.0.0.0", int(port)
+    return host or "0.0.0.0", int(digits)
 
 
 class PluginMetrics:

@@ -48,7 +48,8 @@ async def serve(
 
     Raises:
         InvalidResourceNameError: A plugin's resource name would be rejected by the kubelet.
-        KubeDeviceError: A plugin could not be served.
+        KubeDeviceError: A plugin could not be served, or its first device list was
+            refused (see :meth:`PluginServer.wait_failed`).
     """
     for plugin in plugins:
         plugin.validated_resource_name()
@@ -60,10 +61,17 @@ async def serve(
             await server.add(plugin)
         if ready is not None:
             ready.set()
+        stopping = asyncio.ensure_future(stop.wait())
+        failing = asyncio.ensure_future(server.wait_failed())
         try:
-            await stop.wait()
+            await asyncio.wait((stopping, failing), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopping.cancel()
+            failing.cancel()
+            await asyncio.wait((stopping, failing))
             log.info("stopping")
+        if not failing.cancelled():
+            raise failing.result()
 
 
 def run(

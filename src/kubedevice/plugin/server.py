@@ -71,6 +71,10 @@ def _answers(path: Path) -> bool:
     return err in (0, errno.EAGAIN, errno.EINPROGRESS)
 
 
+async def _starting(path: Path) -> None:
+    """Called after our socket is in place and before its gRPC server starts (a test seam)."""
+
+
 def _inode(path: Path) -> tuple[int, int, int] | None:
     """Identity of the socket at ``path``, or None if there is no socket.
 
@@ -84,6 +88,10 @@ def _inode(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return (st.st_dev, st.st_ino, st.st_mtime_ns) if stat.S_ISSOCK(st.st_mode) else None
+
+
+class _SocketWiped(PluginServerError):
+    """Our temporary socket was deleted between bind and link (a kubelet restarting)."""
 
 
 class _Runtime:
@@ -214,6 +222,7 @@ class _Runtime:
             raise PluginServerError(f"cannot listen on {path}")
         try:
             os.chmod(tmp, 0o600)
+            bound = _inode(tmp)  # the link below shares it: the identity of our socket
             if replace and _inode(path) is not None:  # still a socket: remove it, nothing else
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -230,15 +239,24 @@ class _Runtime:
                 raise PluginServerError(
                     f"{path} appeared while we were binding; refusing to replace it"
                 ) from exc
+            if exc.errno == errno.ENOENT and _inode(tmp) is None:
+                raise _SocketWiped(
+                    f"our new socket for {path} was removed while we were binding (the "
+                    "kubelet cleaning its directory as it restarts?)"
+                ) from exc
             raise
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        self._bound_ino = _inode(path)
+        self._bound_ino = bound
         self._grpc = server  # before the await: a cancelled start still gets stopped
+        await _starting(path)
         await server.start()
         self._phase = _Phase.SERVING
         log.info("serving on %s", path, extra=self.extra)
+        # A removal reported while the server was starting was ignored (not serving yet):
+        # look now, or the kubelet would dial a socket that is gone, forever.
+        self.on_socket_event()
 
     async def _unserve(self) -> None:
         server, self._grpc = self._grpc, None
@@ -256,12 +274,37 @@ class _Runtime:
     async def _source(self) -> None:
         try:
             async for snapshot in device_snapshots(self.plugin):
-                self.table.publish(snapshot)
+                try:
+                    self.table.publish(snapshot)
+                except ConfigError as exc:
+                    last = self.table.snapshot
+                    if last is None:  # nothing to serve: never leave it waiting unregistered
+                        self.server._fail(ConfigError(f"{exc}; {self.resource} cannot be served"))
+                        return
+                    log.error(
+                        "%s; still serving the last good list (%d devices)",
+                        exc,
+                        len(last),
+                        extra=self.extra,
+                    )
         except asyncio.CancelledError:
             raise
-        except HOOK_ERRORS:
-            log.exception(
-                "the device source failed; keeping the last device list", extra=self.extra
+        except HOOK_ERRORS as exc:
+            if self.table.snapshot is not None:
+                log.exception(
+                    "the device source failed; keeping the last device list", extra=self.extra
+                )
+                return
+            # Nothing to serve, ever: stop rather than sit there unregistered.
+            if isinstance(exc, KubeDeviceError):  # our own one-line errors (a bad Device)
+                why = str(exc)
+            else:  # the author's bug: the traceback helps
+                log.exception("the device source failed", extra=self.extra)
+                why = f"{type(exc).__name__}: {exc}"
+            self.server._fail(
+                PluginServerError(
+                    f"the device source of {self.resource} failed before its first list: {why}"
+                )
             )
 
     # ---- registration loop -----------------------------------------------------------
@@ -287,7 +330,9 @@ class _Runtime:
                     take_over = False
                 except KubeDeviceError as exc:
                     delay = backoff.next_delay()
-                    log.error("%s; retrying in %.1f s", exc, delay, extra=self.extra)
+                    # A socket wiped by a restarting kubelet is routine, not an error.
+                    level = logging.WARNING if isinstance(exc, _SocketWiped) else logging.ERROR
+                    log.log(level, "%s; retrying in %.1f s", exc, delay, extra=self.extra)
                     await self._wait(self._kubelet_changed, delay)
                     continue
             first = False
@@ -304,8 +349,17 @@ class _Runtime:
     async def _register(self, backoff: Backoff) -> bool:
         """Register until it works; False if a restart was requested first."""
         waiting_logged = False
+        failed_at: tuple[int, int, int] | None = None  # the kubelet.sock the last failure hit
         while not self._restart.is_set():
             self._kubelet_changed.clear()
+            if self._bound_ino is None or _inode(self.socket_path) != self._bound_ino:
+                # Whatever happened to the event: the kubelet could never dial us back.
+                log.warning(
+                    "our socket %s is gone or replaced; serving on a fresh one",
+                    self.socket_path,
+                    extra=self.extra,
+                )
+                return False
             ino = _inode(self.kubelet_socket)
             if ino is None:
                 if not waiting_logged:
@@ -337,6 +391,9 @@ class _Runtime:
                 return False
             exc = reg.exception()
             if exc is not None:
+                if ino != failed_at:  # a kubelet not failed before: start the backoff over
+                    backoff.reset()
+                    failed_at = ino
                 delay = backoff.next_delay()
                 log.warning("%s; retrying in %.2f s", exc, delay, extra=self.extra)
                 await self._wait(self._kubelet_changed, delay)
@@ -489,8 +546,12 @@ class PluginServer:
         self._backoff = (backoff_initial, backoff_max)
         self.state = ServerState.NEW
         self._runtimes: dict[str, _Runtime] = {}
+        self._by_socket: dict[str, _Runtime] = {}  # each event names one socket: no scan
         self._watcher: DirWatcher | None = None
         self._lock = asyncio.Lock()
+        self._failure: KubeDeviceError | None = None
+        self._failed = asyncio.Event()
+        self._failure_waiters = 0
 
     def backoff_factory(self) -> Backoff:
         """A fresh registration backoff with this server's settings."""
@@ -550,6 +611,8 @@ class PluginServer:
         if self._http is None:
             return None
         host, port = self._http.server_address[:2]
+        if ":" in host:  # an IPv6 address is bracketed in a URL (RFC 3986)
+            host = f"[{host}]"
         return f"http://{host}:{port}/metrics"
 
     async def stop(self) -> None:
@@ -601,7 +664,12 @@ class PluginServer:
             if plugin._kd_sink is not None:
                 raise ConfigError(f"{plugin!r} is already served")
             runtime = _Runtime(self, plugin, resource, socket_name)
-            await runtime.start()
+            self._by_socket[socket_name] = runtime  # its socket's events count from now
+            try:
+                await runtime.start()
+            except BaseException:
+                del self._by_socket[socket_name]
+                raise
             self._runtimes[resource] = runtime
 
     async def remove(self, resource_name: str) -> None:
@@ -620,9 +688,37 @@ class PluginServer:
         runtime = self._runtimes.pop(resource_name, None)
         if runtime is None:
             raise ConfigError(f"resource {resource_name!r} is not served by this server")
+        self._by_socket.pop(runtime.socket_name, None)
         await runtime.stop()
         if self.metrics is not None:
             self.metrics.forget(resource_name)
+
+    async def wait_failed(self) -> KubeDeviceError:
+        """Wait until a plugin fails for good; the error.
+
+        A plugin fails for good when its first device list is refused (a device ID twice,
+        an item that is not a :class:`Device`) or its ``devices()`` raises before yielding
+        one (a :class:`Device` with a bad value, say): it has nothing to serve and would
+        never register. While someone waits here the error is theirs to report; otherwise it is
+        logged.
+
+        Returns:
+            The error.
+        """
+        self._failure_waiters += 1
+        try:
+            await self._failed.wait()
+        finally:
+            self._failure_waiters -= 1
+        assert self._failure is not None
+        return self._failure
+
+    def _fail(self, error: KubeDeviceError) -> None:
+        if self._failure is None:
+            self._failure = error
+            self._failed.set()
+            if not self._failure_waiters:
+                log.error("%s", error)
 
     @property
     def resource_names(self) -> tuple[str, ...]:
@@ -681,11 +777,15 @@ class PluginServer:
             raise ConfigError(f"resource {resource_name!r} is not served by this server") from None
 
     def _on_change(self, name: str) -> None:
-        for runtime in self._runtimes.values():
-            if name in (KUBELET_SOCKET, OVERFLOW):
+        if name in (KUBELET_SOCKET, OVERFLOW):
+            for runtime in list(self._by_socket.values()):
                 runtime.on_kubelet_event()
-            if name in (runtime.socket_name, OVERFLOW):
-                runtime.on_socket_event()
+                if name == OVERFLOW:
+                    runtime.on_socket_event()
+            return
+        owner = self._by_socket.get(name)
+        if owner is not None:
+            owner.on_socket_event()
 
     def __repr__(self) -> str:
         return f"<PluginServer {self.device_plugin_dir} {self.state.value} {list(self._runtimes)}>"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -20,7 +20,13 @@ from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES, dp
 from kubedevice.errors import AllocationError
 from kubedevice.plugin.hooks import async_hook
 from kubedevice.plugin.policy import default_preferred_allocation, enforce_preferred_invariants
-from kubedevice.plugin.types import DEFAULT, ContainerAllocation, Device, Health
+from kubedevice.plugin.types import (
+    DEFAULT,
+    ContainerAllocation,
+    Device,
+    Health,
+    checked_snapshot,
+)
 
 if TYPE_CHECKING:
     from kubedevice.plugin.base import DevicePlugin
@@ -97,38 +103,26 @@ class DeviceTable:
         self._changed = asyncio.Event()
         self._first = asyncio.Event()
 
-    def publish(self, snapshot: Sequence[Device]) -> bool:
+    def publish(self, snapshot: Iterable[Device]) -> bool:
         """Make ``snapshot`` the current list and wake the streams if the list changed.
 
-        A snapshot that is not iterable, has a non-``Device`` item or a duplicate ID is
-        refused (logged); one
-        whose encoding exceeds the kubelet's limit updates the table but is not sent.
+        A list whose encoding exceeds the kubelet's limit updates the table but is not
+        sent (logged).
 
         Args:
             snapshot: The complete device list.
 
         Returns:
             True if the streams were woken with a new list.
+
+        Raises:
+            ConfigError: The list is not a sequence of devices with distinct IDs (see
+                :func:`~kubedevice.plugin.types.checked_snapshot`); the table keeps the
+                last good list.
         """
         extra = {"resource": self.resource}
-        try:
-            devices = tuple(snapshot)  # an iterator would be used up by the checks below
-        except TypeError:
-            log.error(
-                "refused a device snapshot: %r is not a sequence of devices", snapshot, extra=extra
-            )
-            return False
-        by_id: dict[str, Device] = {}
-        for dev in devices:
-            if not isinstance(dev, Device):
-                log.error(
-                    "refused a device snapshot: %r is not a kubedevice.Device", dev, extra=extra
-                )
-                return False
-            if dev.id in by_id:
-                log.error("refused a device snapshot: duplicate device ID %r", dev.id, extra=extra)
-                return False
-            by_id[dev.id] = dev
+        devices = checked_snapshot(snapshot, self.resource)
+        by_id = {dev.id: dev for dev in devices}
         self.by_id = by_id
         self.snapshot = devices
         if self._metrics is not None:
@@ -433,10 +427,12 @@ class _Servicer:
                 )
                 answer = fallback
             chosen = enforce_preferred_invariants(answer, available_ids, must_ids, size, fallback)
-            if chosen != answer:
-                log.warning(
-                    "preferred_allocation hook answer %r broke the invariants (must include %r, "
-                    "size %d, only offered IDs); answering %r",
+            # Repaired: IDs added, dropped or deduplicated (must-include ones moved first
+            # is only an order, not a repair).
+            if len(chosen) != len(answer) or set(chosen) != set(answer):
+                log.error(
+                    "preferred_allocation hook answer %r is invalid (it must include %r, have "
+                    "%d IDs, only offered ones, no repeats); repaired, answering %r",
                     answer,
                     must_ids,
                     size,

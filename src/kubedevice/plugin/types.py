@@ -7,16 +7,17 @@ the wire happens in :mod:`kubedevice.plugin._convert`). Imports nothing from the
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 from kubedevice.errors import ConfigError
 
 __all__ = [
     "DEFAULT",
     "MAX_DEVICE_ID_LENGTH",
+    "MAX_NUMA_NODE",
     "AllocateResult",
     "ContainerAllocation",
     "DefaultType",
@@ -25,10 +26,14 @@ __all__ = [
     "Health",
     "Mount",
     "PluginOptions",
+    "checked_snapshot",
 ]
 
 #: Documented maximum length of a device ID (v1beta1 proto comment); enforced plugin-side.
 MAX_DEVICE_ID_LENGTH: Final = 63
+
+#: Largest NUMA node ID the wire can carry (``TopologyInfo`` node IDs are int64).
+MAX_NUMA_NODE: Final = 2**63 - 1
 
 _EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
 
@@ -141,6 +146,21 @@ class Device:
     annotations: Mapping[str, str] = field(default_factory=_empty)
     cdi_devices: tuple[str, ...] = ()
 
+    if TYPE_CHECKING:
+        # What the constructor accepts (any sequence, a health string); the attributes
+        # are always the frozen forms declared above.
+        def __init__(
+            self,
+            id: str,
+            health: Health | str = Health.HEALTHY,
+            numa_nodes: Sequence[int] = (),
+            device_specs: Sequence[DeviceSpec] = (),
+            mounts: Sequence[Mount] = (),
+            envs: Mapping[str, str] = _EMPTY,
+            annotations: Mapping[str, str] = _EMPTY,
+            cdi_devices: Sequence[str] = (),
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ConfigError(f"device id must be a non-empty string, got {self.id!r}")
@@ -161,8 +181,14 @@ class Device:
             if type(self.numa_nodes) is not tuple:
                 object.__setattr__(self, "numa_nodes", tuple(self.numa_nodes))
             for node in self.numa_nodes:
-                if not isinstance(node, int) or isinstance(node, bool) or node < 0:
+                if not isinstance(node, int) or isinstance(node, bool):
                     raise ConfigError(f"device {self.id!r}: bad NUMA node {node!r}")
+                if not 0 <= node <= MAX_NUMA_NODE:
+                    shown = str(node) if node.bit_length() <= 128 else "of more than 38 digits"
+                    raise ConfigError(
+                        f"device {self.id!r}: NUMA node {shown} is out of range: the wire "
+                        f"carries 0 to {MAX_NUMA_NODE} (int64)"
+                    )
         elif type(self.numa_nodes) is not tuple:
             object.__setattr__(self, "numa_nodes", ())
         if self.device_specs or type(self.device_specs) is not tuple:
@@ -212,6 +238,42 @@ def _tuple_of(obj: object, name: str, kind: type) -> None:
             raise ConfigError(f"{name} items must be {kind.__name__}, got {item!r}")
 
 
+def checked_snapshot(devices: Iterable[Device], resource: str = "") -> tuple[Device, ...]:
+    """A full device list as a tuple, refused when it could not be served as it is.
+
+    Args:
+        devices: The complete device list.
+        resource: Resource name, for the message.
+
+    Returns:
+        The devices, in order.
+
+    Raises:
+        ConfigError: It is not iterable, has an item that is not a :class:`Device`, or
+            has a device ID twice (the kubelet would count the device once, and every
+            Allocate of it would be ambiguous).
+    """
+    of = f"device list of {resource}" if resource else "device list"
+    if isinstance(devices, str | bytes | Device):
+        raise ConfigError(f"{of} refused: {devices!r} is not a sequence of devices")
+    try:
+        snapshot = tuple(devices)
+    except TypeError:
+        raise ConfigError(
+            f"{of} refused: a {type(devices).__name__} is not a sequence of devices"
+        ) from None
+    seen: set[str] = set()
+    for index, dev in enumerate(snapshot):
+        if not isinstance(dev, Device):
+            raise ConfigError(
+                f"{of} refused: item {index} is a {type(dev).__name__}, not a kubedevice.Device"
+            )
+        if dev.id in seen:
+            raise ConfigError(f"{of} refused: device ID {dev.id!r} appears twice")
+        seen.add(dev.id)
+    return snapshot
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerAllocation:
     """What one container gets for its devices: the answer of an allocate hook.
@@ -229,6 +291,17 @@ class ContainerAllocation:
     device_specs: tuple[DeviceSpec, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=_empty)
     cdi_devices: tuple[str, ...] = ()
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            envs: Mapping[str, str] = _EMPTY,
+            mounts: Sequence[Mount] = (),
+            device_specs: Sequence[DeviceSpec] = (),
+            annotations: Mapping[str, str] = _EMPTY,
+            cdi_devices: Sequence[str] = (),
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         _tuple_of(self, "mounts", Mount)

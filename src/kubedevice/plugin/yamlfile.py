@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from kubedevice.errors import ConfigError
+from kubedevice.plugin.safefile import read_regular
 
 __all__ = ["MAX_EXPANDED_NODES", "HugeInt", "read_yaml"]
 
@@ -142,7 +143,7 @@ def read_yaml(path: str | Path) -> Any:
     """
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")  # a FIFO planted there never blocks
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

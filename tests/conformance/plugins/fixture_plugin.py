@@ -59,6 +59,7 @@ BREAK_FLAGS = (
     "leave-socket",
     "raising-preferred",
     "orphan-child",
+    "setsid-child",
 )
 
 
@@ -300,6 +301,13 @@ async def _main(args: argparse.Namespace) -> int:
         child = subprocess.Popen(
             [sys.executable, "-c", "import signal; signal.pause()"],
             stdin=subprocess.DEVNULL,
+        )
+        _log(f"CHILD {child.pid}")
+    if args.setsid_child:  # the same, in a session of its own (out of the plugin's group)
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import signal; signal.pause()"],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         _log(f"CHILD {child.pid}")
     async with asyncio.TaskGroup() as tg:
