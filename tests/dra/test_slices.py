@@ -164,3 +164,32 @@ async def test_api_errors_are_retried_not_fatal(
     finally:
         logging.getLogger("kubedevice.dra.slices").removeHandler(seen)
     assert "404" in caplog.text
+
+
+async def test_a_conflict_lists_again_and_wins(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubedevice.dra.kube import KubeClient
+
+    replace = KubeClient.replace_slice
+    meddled: list[str] = []
+
+    def meddling_replace(self: KubeClient, body: dict) -> dict:
+        if not meddled:  # someone else writes the slice between our list and our write
+            name = body["metadata"]["name"]
+            current = api.call("GET", f"{RESOURCE}/resourceslices/{name}")
+            current["metadata"].setdefault("labels", {})["meddled"] = "yes"
+            api.call("PUT", f"{RESOURCE}/resourceslices/{name}", current)
+            meddled.append(name)
+        return replace(self, body)
+
+    driver = FakeDriver(gpus(2))
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        monkeypatch.setattr(KubeClient, "replace_slice", meddling_replace)
+        driver.snapshots.put_nowait(gpus(3))
+        await asyncio.sleep(0)  # let the device list reach the publisher
+        await asyncio.wait_for(srv.wait_published(), 30)
+    assert meddled
+    slices = api.slices(DRIVER, node_name)
+    assert [len(s["spec"]["devices"]) for s in slices] == [3]
