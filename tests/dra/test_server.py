@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 from pathlib import Path
@@ -13,6 +14,7 @@ from dra import clients
 from dra.api import Api
 from dra.conftest import create_claim, result
 from dra.fakes import DRIVER, FakeDriver, gpus, server, wait_for_path
+from kubedevice.errors import KubeDeviceError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -261,3 +263,47 @@ async def test_corrupt_checkpoint_is_moved_aside_with_a_warning(
     aside = [p.name for p in plugin_dir.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
     assert len(aside) == 1
     assert "is unusable" in caplog.text
+
+
+class _Silent(dra.Driver):
+    driver_name = DRIVER
+
+    async def devices(self):  # type: ignore[no-untyped-def]
+        await asyncio.Event().wait()  # never a first device list
+        yield []
+
+
+class _Broken(dra.Driver):
+    driver_name = DRIVER
+
+    async def devices(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no devices today")
+        yield []
+
+
+def _options(kdir: Path, kubeconfig: Path, node: str) -> dra.DriverOptions:
+    return dra.DriverOptions(
+        node_name=node, kubelet_dir=kdir, cdi_dir=kdir / "cdi", kubeconfig=kubeconfig
+    )
+
+
+async def test_stop_while_waiting_for_the_first_device_list(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    stop = asyncio.Event()
+    serving = asyncio.ensure_future(
+        dra.serve(_Silent(), _options(kdir, kubeconfig, node_name), stop=stop)
+    )
+    await asyncio.sleep(0)
+    stop.set()
+    await asyncio.wait_for(serving, 10)
+    assert not (kdir / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+
+
+async def test_a_device_list_that_fails_at_once_fails_serve(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    with pytest.raises(KubeDeviceError) as err:
+        await asyncio.wait_for(dra.serve(_Broken(), _options(kdir, kubeconfig, node_name)), 10)
+    assert "no devices today" in str(err.value)
+    assert not (kdir / "plugins" / DRIVER / "dra.sock").exists()

@@ -125,21 +125,33 @@ async def serve(
 
     resolved = (options or DriverOptions()).resolved(driver)
     stop = stop or asyncio.Event()
-    async with DriverServer(driver, resolved) as server:
+    server = DriverServer(driver, resolved)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        # a stop during start-up (a driver whose first device list never comes) ends it too
+        starting = asyncio.ensure_future(server.start())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("stopped while starting")
+            starting.cancel()
+            await asyncio.wait({starting})
+            return
+        starting.result()
         if ready is not None:
             ready.set()
-        stopped = asyncio.ensure_future(stop.wait())
         failed = asyncio.ensure_future(server.wait_failed())
         try:
             await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopped.cancel()
             failed.cancel()
-            log.info("stopping")
-        if failed.done() and not failed.cancelled() and failed.exception() is None:
+        log.info("stopping")
+        if failed.done() and not failed.cancelled():
             error = failed.result()
             if error is not None:
                 raise error
+    finally:
+        stopped.cancel()
+        await server.stop()
 
 
 def run(driver: Driver, options: DriverOptions | None = None) -> int:
