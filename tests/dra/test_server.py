@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,46 @@ async def test_a_device_list_that_fails_at_once_fails_serve(
         await asyncio.wait_for(dra.serve(_Broken(), _options(kdir, kubeconfig, node_name)), 10)
     assert "no devices today" in str(err.value)
     assert not (kdir / "plugins" / DRIVER / "dra.sock").exists()
+
+
+class _Gated(FakeDriver):
+    def __init__(self) -> None:
+        super().__init__(gpus(1))
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def prepare(self, claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().prepare(claim)
+
+
+async def test_concurrent_prepares_of_one_claim_prepare_it_once(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    claim = create_claim(
+        api, namespace, f"cc-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    driver = _Gated()
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        first = asyncio.ensure_future(clients.prepare(dra_sock, [ref]))
+        await asyncio.wait_for(driver.entered.wait(), 10)
+        second = asyncio.ensure_future(clients.prepare(dra_sock, [ref], version="v1beta1"))
+        assert srv.claims is not None
+        locks = srv.claims._locks
+
+        async def second_waits() -> None:  # the second call is in, queued behind the first
+            while locks[ref[2]][1][0] < 2:
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(second_waits(), 10)
+        driver.gate.set()
+        one, two = await asyncio.gather(first, second)
+        assert one.claims[ref[2]].error == ""
+        assert one.SerializeToString(deterministic=True) == two.SerializeToString(
+            deterministic=True
+        )
+        assert len(driver.prepared) == 1
+        assert locks == {}
