@@ -87,7 +87,7 @@ def test_generic_pod_gets_nodes_envs_mounts_and_annotations(
     cluster.wait_resource(GENERIC_RESOURCE, allocatable=3)
     cluster.create_pod(ns, pod_manifest("two-devs", {GENERIC_RESOURCE: 2}))
     assert cluster.wait_scheduled(ns, "two-devs").spec.node_name == NODE
-    cluster.wait_running(ns, "two-devs")
+    pod = cluster.wait_running(ns, "two-devs")
 
     rec = cluster.kubelet.created(ns, "two-devs", "main")
     devices = _device_paths(rec)
@@ -101,3 +101,15 @@ def test_generic_pod_gets_nodes_envs_mounts_and_annotations(
     assert mounts["/etc/e2e-hostname"]["host_path"] == "/etc/hostname"
     assert mounts["/etc/e2e-hostname"].get("readonly") is True
     assert sorted(rec["annotations"]["example.com/e2e-ids"].split(",")) == ids
+    log = _kubelet_log(cluster)
+    assert any(
+        "Issuing a GetPreferredAllocation call" in line and pod.metadata.uid in line
+        for line in log.splitlines()
+    )
+    allocated = [
+        line
+        for line in log.splitlines()
+        if "Making allocation request for device plugin" in line and "/two-devs" in line
+    ]
+    assert len(allocated) == 1
+    assert all(f'"{i}"' in allocated[0] for i in ids)
