@@ -351,3 +351,27 @@ async def test_concurrent_prepares_of_one_claim_prepare_it_once(
         )
         assert len(driver.prepared) == 1
         assert locks == {}
+
+
+class _Liar(FakeDriver):
+    async def prepare(self, claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
+        self.prepared.append(claim)
+        stranger = dra.AllocatedDevice(request="gpu", pool="p", name="gpu-99", device=None)
+        return [dra.PreparedDevice(stranger)]
+
+
+async def test_hook_answering_a_device_not_allocated_fails_the_claim_and_is_undone(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    claim = create_claim(
+        api, namespace, f"liar-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    driver = _Liar(gpus(1))
+    async with server(driver, kdir, kubeconfig, node_name):
+        answer = await clients.prepare(kdir / "plugins" / DRIVER / "dra.sock", [ref])
+    assert answer.claims[ref[2]].error == (
+        "the prepare hook returned device gpu-99 (request gpu), which is not allocated to the claim"
+    )
+    assert [c.devices for c in driver.unprepared] == [(("gpu", node_name, "gpu-0"),)]
+    assert not list(kdir.glob("cdi/*.json"))

@@ -149,7 +149,18 @@ class ClaimService:
     async def _prepare_new(self, ref: ClaimRef) -> PreparedClaim:
         claim = await self._read(ref)
         results = await _call_hook(self.driver.prepare, claim)
-        prepared = _check_prepared(claim, results)
+        try:
+            prepared = _check_prepared(claim, results)
+        except ClaimError:
+            await self._undo(  # the hook did its work: undo it for every allocated device
+                PreparedClaim(
+                    ref=ref,
+                    devices=tuple((d.request, d.pool, d.name) for d in claim.devices),
+                    cdi_ids=tuple(() for _ in claim.devices),
+                    share_ids=tuple(d.share_id for d in claim.devices),
+                )
+            )
+            raise
         specs: list[tuple[str, ContainerEdits]] = []
         cdi_ids: list[tuple[str, ...]] = []
         for item in prepared:
