@@ -51,6 +51,7 @@ from kubedevice.nvidia.backend import (
     P2PLevel,
     ProcessSample,
 )
+from kubedevice.plugin.safefile import inside
 from kubedevice.plugin.schema import (
     Check,
     Ge,
@@ -61,7 +62,6 @@ from kubedevice.plugin.schema import (
     build,
     describe_input,
 )
-from kubedevice.plugin.safefile import inside
 
 __all__ = [
     "CONTROL_ENV",
