@@ -174,18 +174,10 @@ def info_command(nvml: str, config_path: Path | None, sys_root: str | None, outp
     except ConfigError as exc:
         _fail(str(exc))
         return
-    slicing = config.sharing.time_slicing
     try:
         driver = backend.init()
         try:
-            data = collect_info(
-                backend,
-                Path(config.flags.sys_root),
-                driver=driver,
-                mig_strategy=config.flags.mig_strategy,
-                sharing_strategy="time-slicing" if slicing.resources else "none",
-                replicas=max((r.replicas for r in slicing.resources), default=1),
-            )
+            data = collect_info(backend, Path(config.flags.sys_root), driver=driver, config=config)
         finally:
             backend.shutdown()
     except NvmlError as exc:

@@ -255,6 +255,7 @@ def _parse_recording(raw: dict[str, Any], path: Path) -> FakeMachine:
                 mig_capable=mig_capable,
                 mig_enabled=bool(mig_capable and mig_mode and mig_mode[0] == 1),
                 serial=str(d["serial"]) if isinstance(d.get("serial"), str) else None,
+                numa_node=numa_by_bus.get(bus_id),
             )
             sample = GpuSample(
                 memory_used=int(mem["used"]) if isinstance(mem, dict) and "used" in mem else None,
@@ -464,7 +465,7 @@ class _GpuSpec(_Strict):
     architecture: str = "unknown"
     brand: str = "nvidia"
     serial: str | None = None
-    numa_node: int | None = None
+    numa_node: int | None = Field(default=None, ge=-1, le=1023)
     pcie_switch: str | None = None
     host_bridge: str | None = None
     mig_capable: bool = False
@@ -564,6 +565,7 @@ def _parse_synthetic(raw: dict[str, Any], path: Path) -> FakeMachine:
             mig_capable=g.mig_capable,
             mig_enabled=g.mig_enabled,
             serial=g.serial,
+            numa_node=g.numa_node if g.numa_node is None or g.numa_node >= 0 else None,
         )
         sample = g.sample.to_sample()
         if sample.memory_total is None:
