@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -429,6 +430,45 @@ async def test_labels_removed_when_switched_off_or_without_nvml(
     cfg = _config(flags={"failOnInitError": False})
     async with GpuPlugins(cfg, nodriver.nvml, device_plugin_dir=dp_dir, overrides=overrides):
         assert not feature_file.exists()  # removed during start-up, before serving
+
+
+async def test_fifos_at_the_feature_file_and_cdi_spec_never_block(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    host.features.mkdir()
+    host.cdi.mkdir()
+    os.mkfifo(host.features / "kubedevice-nvidia")
+    os.mkfifo(host.cdi / "kubedevice-nvidia.json")
+    cfg = _config(flags={"deviceListStrategy": "cdi-cri"})
+    async with asyncio.timeout(30):  # a guard: on a blocking open the start never returns
+        async with _plugins(host, dp_dir, cfg):
+            await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+    assert "nvidia.com/gpu.count=4" in (host.features / "kubedevice-nvidia").read_text()
+    assert json.loads((host.cdi / "kubedevice-nvidia.json").read_text())["devices"]
+
+
+async def test_labels_describe_nvidia_com_gpu_itself(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("mig-mixed")
+    feature_file = host.features / "kubedevice-nvidia"
+    mixed = {"migStrategy": "mixed"}
+    for profile in ("nvidia.com/mig-1g.18gb", "nvidia.com/mig-7g.141gb"):  # one is not here
+        sharing = {"timeSlicing": {"resources": [{"name": profile, "replicas": 2}]}}
+        async with _plugins(host, dp_dir, _config(flags=mixed, sharing=sharing)):
+            await emu.wait_for_resource(GPU, allocatable=1, timeout=5)
+            labels = _labels(feature_file)
+        assert labels["nvidia.com/gpu.replicas"] == "1"
+        assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+        assert not labels["nvidia.com/gpu.product"].endswith("-SHARED")
+    assert labels["nvidia.com/mig-1g.18gb.replicas"] == "1"
+    sharing = {"timeSlicing": {"resources": [{"name": "nvidia.com/mig-1g.18gb", "replicas": 2}]}}
+    async with _plugins(host, dp_dir, _config(flags=mixed, sharing=sharing)):
+        labels = _labels(feature_file)
+    assert labels["nvidia.com/mig-1g.18gb.replicas"] == "2"
+    assert labels["nvidia.com/mig-1g.18gb.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/mig-3g.71gb.replicas"] == "1"
 
 
 async def test_labels_follow_a_reloaded_features_dir(

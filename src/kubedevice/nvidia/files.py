@@ -57,10 +57,14 @@ def read_small_file(path: Path, limit: int) -> bytes:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
             raise NotARegularFileError(errno.ELOOP, "a symlink", str(path)) from None
         raise
-    with os.fdopen(fd, "rb") as f:
+    try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotARegularFileError(errno.EINVAL, _kind(mode), str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         return f.read(limit)
 
 
