@@ -151,6 +151,9 @@ def resolve_machine_path(name: str | Path) -> Path:
     if path.is_file():
         return path
     text = str(name)
+    if path.exists():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise ConfigError(f"fake NVML machine {text!r}: {what}; expected a machine file (JSON)")
     bare = text.removeprefix("machines/").removesuffix(".json")
     if "/" not in bare and bare:
         packaged = MACHINES_DIR / f"{bare}.json"
@@ -225,15 +228,24 @@ def _parse_recording(raw: dict[str, Any], path: Path) -> FakeMachine:
     """An NVML recording: one entry per device with what each call answered."""
     where = str(path)
     try:
-        driver = DriverInfo(
-            driver_version=str(raw["driver"]),
-            cuda_version=_cuda_version(int(raw["cuda_driver_version"])),
-            nvml_version=str(raw["nvml_version"]),
-        )
+        at = "driver"
+        driver_version = str(raw["driver"])
+        at = "cuda_driver_version"
+        cuda = _cuda_version(_strict_int(raw["cuda_driver_version"]))
+        at = "nvml_version"
+        driver = DriverInfo(driver_version, cuda, str(raw["nvml_version"]))
         numa_by_bus = _recorded_numa(str(raw.get("sys_pci_numa", "")))
         gpus: list[FakeGpu] = []
-        for i, d in enumerate(raw["devices"]):
+        at = "devices"
+        devices = raw["devices"]
+        for i, d in enumerate(devices):
+            at = f"devices[{i}]"
+            if not isinstance(d, dict):
+                raise TypeError("expected an object")
+            at = f"devices[{i}].pci"
             pci = d["pci"]
+            if not isinstance(pci, dict):
+                raise TypeError("expected an object")
             bus_id = str(pci.get("busIdLegacy") or pci["busId"]).lower()
             bus_id = _sysfs_bus_id(bus_id)
             mig_mode = d.get("mig_mode")
@@ -242,14 +254,28 @@ def _parse_recording(raw: dict[str, Any], path: Path) -> FakeMachine:
             mem = d.get("memory")
             remapped = d.get("remapped_rows")
             temperature = d.get("temperature")
+            at = f"devices[{i}].index"
+            index = _strict_int(d.get("index", i))
+            at = f"devices[{i}].uuid"
+            uuid = str(d["uuid"])
+            at = f"devices[{i}].minor"
+            minor = _strict_int(d["minor"])
+            at = f"devices[{i}].name"
+            name = str(d["name"])
+            at = f"devices[{i}].memory"
+            total = _strict_int(mem["total"]) if isinstance(mem, dict) and "total" in mem else 0
+            used = _strict_int(mem["used"]) if isinstance(mem, dict) and "used" in mem else None
+            at = f"devices[{i}].cuda_cc"
+            ccap = (_strict_int(cc[0]), _strict_int(cc[1])) if isinstance(cc, list) else (0, 0)
+            at = f"devices[{i}]"
             info = GpuInfo(
-                index=int(d.get("index", i)),
-                uuid=str(d["uuid"]),
-                minor=int(d["minor"]),
-                name=str(d["name"]),
-                memory_total=int(mem["total"]) if isinstance(mem, dict) and "total" in mem else 0,
+                index=index,
+                uuid=uuid,
+                minor=minor,
+                name=name,
+                memory_total=total,
                 pci_bus_id=bus_id,
-                compute_capability=(int(cc[0]), int(cc[1])) if isinstance(cc, list) else (0, 0),
+                compute_capability=ccap,
                 architecture=ARCHITECTURE_NAMES.get(d.get("arch", -1), "unknown"),
                 brand=BRAND_NAMES.get(d.get("brand", -1), "unknown"),
                 mig_capable=mig_capable,
@@ -257,8 +283,9 @@ def _parse_recording(raw: dict[str, Any], path: Path) -> FakeMachine:
                 serial=str(d["serial"]) if isinstance(d.get("serial"), str) else None,
                 numa_node=numa_by_bus.get(bus_id),
             )
+            at = f"devices[{i}].remapped_rows"
             sample = GpuSample(
-                memory_used=int(mem["used"]) if isinstance(mem, dict) and "used" in mem else None,
+                memory_used=used,
                 memory_total=info.memory_total or None,
                 temperature_c=temperature if isinstance(temperature, int) else None,
                 # nvmlDeviceGetRemappedRows: (corrected, uncorrected, pending, failure)
@@ -277,8 +304,14 @@ def _parse_recording(raw: dict[str, Any], path: Path) -> FakeMachine:
                     sample=sample,
                 )
             )
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise ConfigError(f"{where}: NVML recording is missing or has a bad value: {e}") from e
+    except KeyError as e:
+        raise ConfigError(f"{where}: {at}: {e} is missing (an NVML recording)") from None
+    except (TypeError, ValueError, IndexError, AttributeError) as e:
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ConfigError(f"{where}: {at}: bad value in an NVML recording: {why}") from None
+    _check_unique(path, "uuid", [g.info.uuid for g in gpus], "devices")
+    _check_unique(path, "index", [g.info.index for g in gpus], "devices")
+    _check_unique(path, "minor", [g.info.minor for g in gpus], "devices")
     dev_nodes = tuple(str(n) for n in raw.get("dev_nodes", ())) or _default_dev_nodes(gpus)
     return FakeMachine(
         name=path.stem,
@@ -644,12 +677,19 @@ def _parse_synthetic(raw: dict[str, Any], path: Path) -> FakeMachine:
     return machine
 
 
-def _check_unique(path: Path, what: str, values: list[Any]) -> None:
+def _check_unique(path: Path, what: str, values: list[Any], field: str = "gpus") -> None:
     seen: set[Any] = set()
     for v in values:
         if v in seen:
-            raise ConfigError(f"{path}: gpus: duplicate {what} {v!r}")
+            raise ConfigError(f"{path}: {field}: duplicate {what} {v!r}")
         seen.add(v)
+
+
+def _strict_int(value: Any) -> int:
+    """An integer of a recording (a bool or a string is refused, not converted)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer (got {str(value)[:40]!r})")
+    return value
 
 
 def _validate_message(machine: FakeMachine, message: Mapping[str, Any]) -> None:
@@ -657,13 +697,16 @@ def _validate_message(machine: FakeMachine, message: Mapping[str, Any]) -> None:
     if not isinstance(message, Mapping):
         raise ConfigError("control message: not a JSON object")
     op = message.get("op")
-    if op not in _CONTROL_OPS:
-        raise ConfigError(f"control message: op: {op!r} is not one of {', '.join(_CONTROL_OPS)}")
+    if not isinstance(op, str) or op not in _CONTROL_OPS:
+        raise ConfigError(
+            f"control message: op: {_short(op)} is not one of {', '.join(_CONTROL_OPS)}"
+        )
     uuid = message.get("uuid")
     known = {g.info.uuid for g in machine.gpus} | {m.uuid for g in machine.gpus for m in g.mig}
-    if uuid not in known:
-        raise ConfigError(f"control message: uuid: {uuid!r} is not a GPU or MIG device here")
-    if op == "xid" and not isinstance(message.get("xid"), int):
+    if not isinstance(uuid, str) or uuid not in known:
+        raise ConfigError(f"control message: uuid: {_short(uuid)} is not a GPU or MIG device here")
+    xid = message.get("xid")
+    if op == "xid" and (isinstance(xid, bool) or not isinstance(xid, int)):
         raise ConfigError("control message: xid: an integer is required for op 'xid'")
     if op in ("lost", "recover", "sample") and not any(g.info.uuid == uuid for g in machine.gpus):
         raise ConfigError(f"control message: uuid: op {op!r} needs a GPU UUID, not a MIG device")
@@ -671,9 +714,61 @@ def _validate_message(machine: FakeMachine, message: Mapping[str, Any]) -> None:
         values = message.get("values")
         if not isinstance(values, Mapping):
             raise ConfigError("control message: values: an object is required for op 'sample'")
-        bad = sorted(set(values) - _SAMPLE_FIELDS)
-        if bad:
-            raise ConfigError(f"control message: values: unknown field {bad[0]!r}")
+        try:
+            _check_sample_values(values)
+        except ConfigError as exc:
+            raise ConfigError(f"control message: values: {exc}") from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any, *, low: int | None = 0) -> bool:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and (low is None or value >= low)
+        and value < 2**63
+    )
+
+
+def _check_sample_values(values: Mapping[str, Any]) -> None:
+    """Check ``set_sample`` values: GpuSample fields with the types a reading has.
+
+    Raises:
+        ConfigError: an unknown field or a value of the wrong type, named (one line).
+    """
+    for name, value in values.items():
+        if not isinstance(name, str) or name not in _SAMPLE_FIELDS:
+            raise ConfigError(f"unknown field {_short(name)}")
+        if value is None:
+            continue
+        if name in ("remapped_rows_pending", "remapped_rows_failure"):
+            ok = isinstance(value, bool)
+        elif name == "processes":
+            ok = isinstance(value, list | tuple) and all(
+                isinstance(p, ProcessSample)
+                or (
+                    isinstance(p, Mapping)
+                    and set(p) <= {"pid", "used_memory"}
+                    and _is_int(p.get("pid"))
+                    and (p.get("used_memory") is None or _is_int(p.get("used_memory")))
+                )
+                for p in value
+            )
+        elif name == "temperature_c":
+            ok = _is_int(value, low=None) and abs(value) < 10_000
+        else:
+            ok = _is_int(value)
+        if not ok:
+            want = {
+                "processes": "a list of {pid, used_memory} objects",
+                "remapped_rows_pending": "true, false or null",
+                "remapped_rows_failure": "true, false or null",
+            }.get(name, "a non-negative integer or null")
+            raise ConfigError(f"{name}: expected {want} (got {_short(value)})")
 
 
 # --------------------------------------------------------------------------- the backend
@@ -877,9 +972,10 @@ class FakeNvml:
         """Override fields of the GPU's readings (GpuSample field names) until changed again."""
         if uuid not in self._gpus:
             raise NvmlError("NotFound", "no such GPU", uuid)
-        bad = sorted(set(values) - _SAMPLE_FIELDS)
-        if bad:
-            raise ConfigError(f"set_sample: unknown GpuSample field {bad[0]!r}")
+        try:
+            _check_sample_values(values)
+        except ConfigError as exc:
+            raise ConfigError(f"set_sample: {exc}") from None
         if "processes" in values:
             values["processes"] = tuple(
                 p if isinstance(p, ProcessSample) else ProcessSample(**p)
@@ -992,7 +1088,7 @@ class FakeNvml:
             try:
                 message = json.loads(data)
                 self.apply_control(message)
-            except (ValueError, RecursionError, ConfigError, NvmlError) as e:
+            except Exception as e:  # a bad message never ends the event thread
                 log.warning(
                     "fake NVML: control message ignored: %s",
                     str(e).splitlines()[0][:200] if str(e) else type(e).__name__,
