@@ -168,3 +168,30 @@ def serve_bare(servicer: Any, sock: str, *, aio: bool, options: Sequence[Any] = 
         await server.wait_for_termination()
 
     asyncio.run(main())
+
+
+def gpu_plugin_command(root: Path) -> list[str]:
+    """``kubedevice nvidia run`` on the fake 8-GPU box, with its /dev and /sys under ``root``."""
+    from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+
+    nvml = FakeNvml.from_file("dgx-8gpu")
+    write_fake_dev(nvml, root / "dev")
+    write_fake_sysfs(nvml, root / "sys")
+    nvml.close()
+    return [
+        KUBEDEVICE,
+        "nvidia",
+        "run",
+        "--nvml",
+        "fake:dgx-8gpu",
+        "--dev-root",
+        str(root / "dev"),
+        "--sys-root",
+        str(root / "sys"),
+        "--features-dir",
+        str(root / "features.d"),
+        "--cdi-dir",
+        str(root / "cdi"),
+        "--pod-resources-socket",
+        str(root / "none.sock"),
+    ]

@@ -9,13 +9,23 @@ server, so the difference is what each server does per call:
   engine the SDK uses);
 * ``bare-sync``: a ``grpc.server(ThreadPoolExecutor)`` servicer returning the same response.
 
-The client is grpcio's synchronous stub in this process (no Go toolchain is assumed): per
-server 300 warm-up calls, then ``--calls`` sequential calls timed with ``perf_counter_ns``;
-servers are measured in rotation, ``--rounds`` times, and the per-round medians reported.
-The SDK's own Python work per call (everything between the request message and the
-response message, without gRPC) is timed in-process as ``sdk_python_us``.
+Two clients, each measuring the servers in rotation, ``--rounds`` times, per-round medians
+reported:
 
-Usage: ``python bench/bench_allocate.py [--calls 3000] [--rounds 3]``.
+* ``go``: ``dpbench``, a Go program on the upstream device-plugin v1beta1 client (the
+  kubelet's own gRPC stack), as the kubelet calls Allocate: 200 warm-up calls, then
+  ``--calls`` sequential calls; its p50/p90/p99. Found at ``--dpbench`` (default:
+  ``$KUBEDEVICE_DPBENCH``, else ``~/.cache/kubedevice-k8s/v1.36.2/dpbench``); skipped,
+  with a line on stderr, where it is missing.
+* ``python``: grpcio's synchronous stub in this process: 300 warm-up calls, then
+  ``--calls`` sequential calls timed with ``perf_counter_ns``.
+
+``sdk_cost_over_bare_aio_pct`` is the SDK example's p50 over the bare ``grpc.aio``
+servicer's, from the Go client (the goal is 15% at most). The SDK's own Python work per
+call (everything between the request message and the response message, without gRPC) is
+timed in-process as ``sdk_python_us``.
+
+Usage: ``python bench/bench_allocate.py [--calls 3000] [--rounds 3] [--dpbench PATH]``.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,6 +47,8 @@ import grpc
 from _common import PY, ROOT, cpu_model, serve_bare, spawn_ready, terminate_all
 
 from kubedevice._api import dp, dp_grpc
+
+DEFAULT_DPBENCH = Path.home() / ".cache/kubedevice-k8s/v1.36.2/dpbench"
 
 REQUEST = dp.AllocateRequest(
     container_requests=[dp.ContainerAllocateRequest(devices_ids=["counter-0"])]
@@ -57,6 +70,9 @@ def _serve(kind: str, sock: str) -> None:
     if kind == "sync":
 
         class Sync(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+            def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+                return dp.DevicePluginOptions()
+
             def Allocate(self, request: Any, context: Any) -> Any:
                 return answer
 
@@ -64,6 +80,9 @@ def _serve(kind: str, sock: str) -> None:
         return
 
     class Aio(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+        async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+            return dp.DevicePluginOptions()
+
         async def Allocate(self, request: Any, context: Any) -> Any:
             return answer
 
@@ -83,6 +102,23 @@ def _time_calls(sock: str, calls: int) -> list[float]:
             stub.Allocate(REQUEST, timeout=10)
             out.append((time.perf_counter_ns() - t0) / 1000)
     return out
+
+
+def _go_calls(dpbench: str, sock: str, calls: int) -> dict[str, float]:
+    """One dpbench run against ``sock``: its p50/p90/p99 in µs."""
+    run = subprocess.run(
+        [dpbench, "-socket", sock, "-ids", "counter-0", "-n", str(calls), "-warmup", "200"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"dpbench failed on {sock}: {run.stderr.strip() or run.stdout}")
+    report = json.loads(run.stdout)
+    if report.get("errors"):
+        raise RuntimeError(f"dpbench: {report['errors']} Allocate errors on {sock}")
+    return {f"p{q}_us": report[f"p{q}_ms"] * 1000 for q in (50, 90, 99)}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -110,6 +146,8 @@ def _sdk_python_us(n: int) -> float | None:
                 t0 = time.perf_counter_ns()
                 resp = await svc._allocate(REQUEST)
                 samples.append((time.perf_counter_ns() - t0) / 1000)
+            if isinstance(resp, bytes):  # the serialized response, as sent
+                resp = dp.AllocateResponse.FromString(resp)
             assert resp == _response(), resp
             return statistics.median(samples)
 
@@ -125,6 +163,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--dpbench",
+        default=os.environ.get("KUBEDEVICE_DPBENCH", str(DEFAULT_DPBENCH)),
+        help="the Go client (dpbench) binary",
+    )
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -153,18 +196,34 @@ def main() -> None:
                 raise RuntimeError("the SDK example did not serve its socket")
             time.sleep(0.05)
         socks["sdk-example"] = str(sdk_sock)
+        dpbench = args.dpbench if Path(args.dpbench).is_file() else None
+        if dpbench is None:
+            print(f"no Go client at {args.dpbench}: the go figures are skipped", file=sys.stderr)
+        go: dict[str, list[dict[str, float]]] = {name: [] for name in socks}
         rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in socks}
         for _ in range(args.rounds):
             for name, sock in socks.items():
+                if dpbench is not None:
+                    go[name].append(_go_calls(dpbench, sock, args.calls))
                 samples = _time_calls(sock, args.calls)
                 rounds[name].append((statistics.median(samples), _pct(samples, 0.99)))
         result: dict[str, Any] = {
             "bench": "allocate",
-            "client": f"grpcio {grpc.__version__} sync stub, same process, sequential",
+            "client_go": None if dpbench is None else f"{dpbench} (upstream v1beta1 Go client)",
+            "client_python": f"grpcio {grpc.__version__} sync stub, same process, sequential",
             "calls_per_round": args.calls,
             "rounds": args.rounds,
             "python": sys.version.split()[0],
             "cpu_model": cpu_model(),
+            "servers_go": {
+                name: {
+                    key: round(statistics.median(r[key] for r in rs), 1)
+                    for key in ("p50_us", "p90_us", "p99_us")
+                }
+                | {"p50_us_each_round": [round(r["p50_us"], 1) for r in rs]}
+                for name, rs in go.items()
+                if rs
+            },
             "servers": {
                 name: {
                     "p50_us_median_of_rounds": round(statistics.median(r[0] for r in rs), 1),
@@ -175,6 +234,10 @@ def main() -> None:
             },
             "sdk_python_us": _sdk_python_us(2000),
         }
+        if dpbench is not None:
+            sdk_p50 = result["servers_go"]["sdk-example"]["p50_us"]
+            bare_p50 = result["servers_go"]["bare-aio"]["p50_us"]
+            result["sdk_cost_over_bare_aio_pct"] = round((sdk_p50 / bare_p50 - 1) * 100, 1)
         servers = result["servers"]
         result["sdk_over_bare_aio_us"] = round(
             servers["sdk-example"]["p50_us_median_of_rounds"]

@@ -28,7 +28,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no shutdo
 
 from _common import PY, ROOT, cpu_model, terminate_all
 
-from kubedevice.demo import pod_manifest
+from kubedevice.demo.generic import pod_manifest
 from kubedevice.kubelet import Emulator
 
 RAW = ROOT / "tests" / "kubelet" / "rawplugin.py"

@@ -4,9 +4,15 @@
   daemon loads them (what each layer costs before any work is done);
 * ``processes``: RSS and PSS of the running daemons, each registered with its own kubelet
   emulator that holds the ListAndWatch stream: the SDK example, the generic plugin with 1
-  and with 1,000 devices, and ``bare-grpc-aio-plugin``, the least a ``grpc.aio`` plugin
-  does (serve ``DevicePlugin``, call Register once, hold the stream; same imports as the
-  SDK), which is the floor the SDK is measured against.
+  and with 1,000 devices, the GPU plugin on the fake 8-GPU backend (``dgx-8gpu``), and
+  ``bare-grpc-aio-plugin``, the least a ``grpc.aio`` plugin does (serve ``DevicePlugin``,
+  call Register once, hold the stream; same imports as the SDK), which is the floor the SDK
+  is measured against;
+* ``targets``: each goal next to what this run measured, and whether it is met.
+
+The package is byte-compiled first (``compileall``), as ``pip install`` leaves it: a module
+imported without its ``.pyc`` is compiled in the process, and the compiler's transient
+memory would stay in the figures (``PYTHONDONTWRITEBYTECODE=1`` shells never write one).
 
 RSS counts shared library pages (libpython, grpcio's ``cygrpc``, OpenSSL) in full in every
 process that maps them; PSS shares them out, so it is the better measure of what one more
@@ -17,6 +23,7 @@ Usage: ``python bench/bench_memory.py``.
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import shutil
@@ -32,6 +39,7 @@ from _common import (
     PY,
     ROOT,
     cpu_model,
+    gpu_plugin_command,
     start_emulator,
     wait_allocatable,
     write_generic_config,
@@ -44,8 +52,9 @@ IMPORT_STEPS = [
     "kubedevice",  # the SDK
     "yaml",
     "prometheus_client",
-    "pydantic",
+    "kubedevice.plugin.schema",  # the config models' checker (standard library only)
     "kubedevice.generic.runner",  # the generic daemon: config models, discovery, runner
+    "kubedevice.nvidia.runner",  # the GPU daemon (its fake backend and config included)
 ]
 
 _IMPORTS_CODE = """
@@ -124,6 +133,23 @@ def _generic_config(root: Path, devices: int) -> Path:
     return write_generic_config(root, "mem", (f"dev{i:04d}" for i in range(devices)))
 
 
+def _targets(processes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The RSS goals (MB) next to this run's figures."""
+    bare = processes["bare-grpc-aio-plugin"]["rss_mb"]
+    measured = {
+        "gpu-plugin-fake-rss_mb": (processes["gpu-plugin-fake-8"]["rss_mb"], 50.0),
+        "generic-plugin-1000-rss_mb": (processes["generic-plugin-1000"]["rss_mb"], 46.0),
+        "sdk-example-over-bare-aio-rss_mb": (
+            round(processes["sdk-example"]["rss_mb"] - bare, 1),
+            3.0,
+        ),
+    }
+    return {
+        name: {"measured": value, "at_most": goal, "met": value <= goal}
+        for name, (value, goal) in measured.items()
+    }
+
+
 def _measure(root: Path, name: str, cmd: list[str], resource: str, count: int) -> dict[str, Any]:
     d = root / name / "device-plugins"
     d.mkdir(parents=True)
@@ -146,6 +172,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--bare-plugin"]:
         _bare_plugin(os.environ["DP_DEVICE_PLUGIN_DIR"])
         return
+    compileall.compile_dir(ROOT / "src" / "kubedevice", quiet=1)
     root = Path(tempfile.mkdtemp(prefix="kdmem-", dir="/tmp"))
     try:
         processes = {
@@ -167,11 +194,16 @@ def main() -> None:
             processes[f"generic-plugin-{n}"] = _measure(
                 root, f"generic{n}", [KUBEDEVICE, "run", "--config", str(cfg)], "example.com/mem", n
             )
+        gpu_root = root / "gpu-host"
+        gpu_root.mkdir()
+        processes["gpu-plugin-fake-8"] = _measure(
+            root, "gpu", gpu_plugin_command(gpu_root), "nvidia.com/gpu", 8
+        )
         result = {
             "bench": "memory",
             "python": sys.version.split()[0],
             "cpu_model": cpu_model(),
-            "targets_rss_mb": {"sdk-example": 38, "generic-plugin-1000": 40},
+            "targets": _targets(processes),
             "imports": _imports(),
             "processes": processes,
         }

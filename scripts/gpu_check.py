@@ -160,7 +160,7 @@ async def _cuda_view(visible: str, *, work: bool) -> tuple[asyncio.subprocess.Pr
 
 
 async def _check(result: dict[str, Any], nvml_uuids: list[str], target: Target, work: Path) -> None:
-    from kubedevice.demo import free_port
+    from kubedevice.demo.generic import free_port
     from kubedevice.kubelet import Emulator
     from kubedevice.kubelet.types import RegistrationEvent, RpcEvent
 
@@ -285,7 +285,7 @@ async def _cuda_checks(result: dict[str, Any], uuid: str, port: int) -> None:
 
 async def _metrics_checks(result: dict[str, Any], uuid: str, port: int) -> None:
     """A scrape shows the GPU busy and labelled with the pod holding it."""
-    from kubedevice.demo import scrape
+    from kubedevice.demo.generic import scrape
 
     checks: dict[str, bool] = result["checks"]
     # NVML's utilization is an average over its last sample period: scrape until it shows

@@ -45,7 +45,7 @@ async def test_a_timed_out_step_names_the_time_it_waited() -> None:
 
     import pytest
 
-    from kubedevice.demo import DemoError, DemoResult, timed
+    from kubedevice.demo.generic import DemoError, DemoResult, timed
 
     result = DemoResult()
     # the step's own timeout (here 0.6 s), not the default STEP_TIMEOUT_S (10 s)

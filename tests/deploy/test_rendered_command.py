@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from deploy.render import by_kind, container, daemonset, render
-from kubedevice.demo import free_port, pod_manifest, scrape
+from kubedevice.demo.generic import free_port, pod_manifest, scrape
 from kubedevice.generic.fake import FakeHost
 from kubedevice.kubelet import Emulator
 from kubedevice.nvidia import nvml_fake

@@ -571,3 +571,63 @@ def test_anchors_and_merge_keys_in_a_real_config_still_work(tmp_path: Path) -> N
     )
     cfg = load_config(path)
     assert [r.name for r in cfg.resources] == ["example.com/a", "example.com/b"]
+
+
+def test_a_long_list_is_too_large_not_an_alias_bomb(tmp_path: Path) -> None:
+    path = tmp_path / "long.yaml"
+    items = "".join(f"- d{i}\n" for i in range(300_000))
+    path.write_text("version: v1\nresources:\n" + items)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert "alias" not in text
+    assert text == (
+        f"{path}: too large: more than 100,000 values (lists, mappings and scalars); refused"
+    )
+
+
+@pytest.mark.parametrize(
+    ("group", "field"),
+    [
+        ({"count": 10**5000}, "resources[0].groups[0].count: must be <= 10000"),
+        ({"envs": {"A": 10**5000}}, "resources[0].groups[0].envs.A: expected a string"),
+        ({"envs": {10**5000: "x"}}, "resources[0].groups[0].envs: key an integer of"),
+        (
+            {"health": {"periodSeconds": 10**5000, "command": {"argv": ["x"]}}},
+            "resources[0].groups[0].health.periodSeconds: out of range",
+        ),
+    ],
+    ids=["count", "env-value", "env-key", "period"],
+)
+def test_huge_python_integers_never_show_pythons_own_hint(
+    group: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_res(**group), "c.yaml")
+    text = str(info.value)
+    assert "set_int_max_str_digits" not in text
+    assert text.startswith(f"c.yaml: {field}")
+    assert "an integer of about 5001 digits" in text
+    assert len(text.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("health", "message"),
+    [
+        (
+            {"periodSeconds": 1e-9, "command": {"argv": ["true"]}},
+            "c.yaml: resources[0].groups[0].health.periodSeconds: must be >= 0.01 (got 1e-09)",
+        ),
+        (
+            {"periodSeconds": 0.001, "sysfsAttribute": {"path": "/sys/x", "expect": "1"}},
+            "c.yaml: resources[0].groups[0].health.periodSeconds: must be >= 0.01 (got 0.001)",
+        ),
+    ],
+    ids=["command", "sysfs"],
+)
+def test_health_periods_that_would_busy_a_core_are_refused(
+    health: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_res(health=health), "c.yaml")
+    assert str(info.value) == message

@@ -14,7 +14,7 @@ from kubedevice.generic import FakeHost
 from kubedevice.generic.config import HealthSpec
 from kubedevice.generic.discovery import Node, PhysicalDevice
 from kubedevice.generic.health import CheckResult, run_check
-from kubedevice.generic.watcher import CONFIG_MASK, DirWatcher
+from kubedevice.plugin.filewatch import CONFIG_MASK, DirWatcher
 
 
 def _dev(host: FakeHost, name: str = "renderD128") -> PhysicalDevice:
@@ -26,7 +26,7 @@ def _dev(host: FakeHost, name: str = "renderD128") -> PhysicalDevice:
 
 
 def _spec(**kw: Any) -> HealthSpec:
-    return HealthSpec.model_validate(kw)
+    return HealthSpec.from_data(kw)
 
 
 async def test_sysfs_attribute(host: FakeHost) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kubedevice.generic import FakeHost
-from kubedevice.generic.watcher import DirWatcher, FileChanges, file_digest
+from kubedevice.plugin.filewatch import DirWatcher, FileChanges, file_digest
 
 
 async def test_watcher_reports_and_follows_directories(host: FakeHost) -> None:

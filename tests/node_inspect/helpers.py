@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kubelet"))
 
 from rawplugin import RawPlugin
 
-from kubedevice.demo import pod_manifest
+from kubedevice.demo.generic import pod_manifest
 from kubedevice.kubelet import Emulator
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -152,3 +152,63 @@ def test_overrides_make_paths_absolute() -> None:
 )
 def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("health", "message"),
+    [
+        ({"quietPeriod": 0}, "c.yaml: health.quietPeriod: must be >= 0.01 (got 0)"),
+        ({"quietPeriod": "0ms"}, "c.yaml: health.quietPeriod: must be >= 0.01 (got '0ms')"),
+        (
+            {"resetCheckInterval": 1e-9},
+            "c.yaml: health.resetCheckInterval: must be >= 0.01 (got 1e-09)",
+        ),
+        (
+            {"resetCheckInterval": "5ms"},
+            "c.yaml: health.resetCheckInterval: must be >= 0.01 (got '5ms')",
+        ),
+    ],
+    ids=["quiet-zero", "quiet-0ms", "reset-1e-9", "reset-5ms"],
+)
+def test_health_timers_that_would_busy_a_core_are_refused(
+    health: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"version": "v1", "health": health}, "c.yaml")
+    assert str(info.value) == message
+
+
+def test_health_timers_at_the_lower_bound_are_accepted() -> None:
+    cfg = parse_config(
+        {"version": "v1", "health": {"quietPeriod": "10ms", "resetCheckInterval": 0.01}}
+    )
+    assert (cfg.health.quiet_period, cfg.health.reset_check_interval) == (0.01, 0.01)
+
+
+def test_a_quoted_xid_key_is_not_called_a_string_problem(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text('version: v1\nhealth:\n  xidPolicies: {"79": reset}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: health.xidPolicies: key '79' must be an integer (write 79 without quotes)"
+    )
+
+
+@pytest.mark.parametrize(
+    "health",
+    [
+        {"xidPolicies": {-(10**5000): "reset"}},
+        {"ignoredXids": [-(10**5000)]},
+        {"quietPeriod": 10**5000},
+    ],
+    ids=["xid-key", "ignored-xid", "duration"],
+)
+def test_huge_integers_never_show_pythons_own_hint(health: dict[str, object]) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"version": "v1", "health": health}, "c.yaml")
+    text = str(info.value)
+    assert "set_int_max_str_digits" not in text
+    assert "an integer of about 5001 digits" in text
+    assert text.startswith("c.yaml: health.")
+    assert len(text.splitlines()) == 1

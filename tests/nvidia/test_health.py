@@ -117,7 +117,7 @@ class _Sink:
 
 async def test_xid_wakes_the_event_wait_then_recovers(fake: FakeNvml) -> None:
     gpus = [g.uuid for g in fake.gpus()]
-    cfg = HealthConfig.model_validate({"quietPeriod": 0.2})
+    cfg = HealthConfig.from_data({"quietPeriod": 0.2})
     state = HealthState(cfg, {u: u for u in gpus})
     changes: asyncio.Queue[None] = asyncio.Queue()
     sink = _Sink()
@@ -167,9 +167,7 @@ async def test_lost_gpu_comes_back_after_recover() -> None:
     fake.three_failed = threading.Event()
     fake.init()
     gpus = [g.uuid for g in fake.gpus()]
-    state = HealthState(
-        HealthConfig.model_validate({"resetCheckInterval": 0.05}), {u: u for u in gpus}
-    )
+    state = HealthState(HealthConfig.from_data({"resetCheckInterval": 0.05}), {u: u for u in gpus})
     changed = asyncio.Event()
     monitor = HealthMonitor(fake, state, changed.set, wait_timeout_ms=60000)
     await monitor.start()
@@ -253,7 +251,7 @@ async def test_a_gpu_with_row_remapping_pending_stays_unhealthy() -> None:
     fake.twice = threading.Event()
     fake.init()
     gpus = [g.uuid for g in fake.gpus()]
-    state = HealthState(HealthConfig.model_validate({"quietPeriod": 0.05}), {u: u for u in gpus})
+    state = HealthState(HealthConfig.from_data({"quietPeriod": 0.05}), {u: u for u in gpus})
     changed = asyncio.Event()
     monitor = HealthMonitor(fake, state, changed.set, wait_timeout_ms=60000)
     await monitor.start()

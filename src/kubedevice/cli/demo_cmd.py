@@ -29,10 +29,10 @@ def demo(workdir: Path | None, gpu: bool) -> None:
     kubelet restart, shows what each container would get, and stops cleanly. No cluster
     and no real devices are needed.
     """
-    from kubedevice.demo import run_demo  # lazy: keeps other commands' start-up short
+    from kubedevice.demo.generic import run_demo  # lazy: keeps other commands' start-up short
 
     if gpu:
-        from kubedevice.demo_gpu import run_gpu_demo as run_demo
+        from kubedevice.demo.gpu import run_gpu_demo as run_demo
 
     start = time.monotonic()
     try:

@@ -12,6 +12,7 @@ import importlib
 import click
 
 from kubedevice import __version__
+from kubedevice.cli.fastexit import OWN_PROCESS
 from kubedevice.log import configure_logging
 
 #: command name -> the ``kubedevice.cli`` module whose ``COMMANDS`` list defines it.
@@ -108,5 +109,5 @@ def cli(log_format: str, log_level: str) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli()
+    """Console-script entry point (a stopped daemon ends the process at once: see fastexit)."""
+    cli(obj={OWN_PROCESS: True})

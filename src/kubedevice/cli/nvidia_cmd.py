@@ -8,16 +8,13 @@ or option exits 2 naming the field; NVML that cannot start exits 2 with one line
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
-import os
-import sys
 from pathlib import Path
 
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
 from kubedevice.signals import stop_on_signals
 
@@ -111,10 +108,10 @@ def run_command(
     old one keeps running); SIGTERM or SIGINT stops cleanly with status 0, within 100 ms
     (the NVML event wait is not waited for: nothing can wake it).
     """
-    from kubedevice.generic.watcher import file_digest
     from kubedevice.nvidia.backends import open_backend
     from kubedevice.nvidia.config import load_config
     from kubedevice.nvidia.runner import run_gpu_plugin
+    from kubedevice.plugin.filewatch import file_digest
 
     overrides: dict[str, str | None] = {
         "dev_root": dev_root,
@@ -158,22 +155,7 @@ def run_command(
         _fail(_nvml_line(exc))
     except KubeDeviceError as exc:
         _fail(str(exc))
-    _exit_at_once()
-
-
-def _exit_at_once() -> None:
-    """Exit 0 now, skipping the interpreter's teardown, after a clean stop.
-
-    Everything the daemon owns is released by then (sockets removed, files written, NVML
-    shut down unless its event thread is still blocked in the NVML wait, which nothing
-    can wake). The teardown itself (grpc's C core, module cleanup) takes 60-300 ms, and a
-    SIGTERM must end the process within 100 ms; only the logs are flushed first.
-    """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)
+    end_process_after_stop(0)
 
 
 @nvidia.command("info")

@@ -15,6 +15,7 @@ from typing import NoReturn
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.signals import stop_on_signals
 
@@ -27,16 +28,12 @@ def _fail(message: str) -> NoReturn:
 
 
 def _need_generic(*, daemon: bool) -> None:
-    """Exit 2 with one line when the generic plugin cannot run here (not Linux, no extra).
+    """Exit 2 with one line when the generic plugin cannot run here (not Linux).
 
-    Imports :mod:`kubedevice.generic` lazily: the other commands never load pydantic.
+    Imports :mod:`kubedevice.generic` lazily: the other commands never load its modules.
     """
     if daemon and not sys.platform.startswith("linux"):
         _fail(f"kubedevice run needs Linux (inotify); this is {sys.platform}")
-    try:
-        import pydantic  # noqa: F401
-    except ImportError:
-        _fail("the generic plugin needs its extra: pip install 'kubedevice[generic]'")
     try:
         import_module("kubedevice.generic.runner" if daemon else "kubedevice.generic.config")
     except ImportError as exc:
@@ -99,6 +96,7 @@ def run_command(
         asyncio.run(_main())
     except KubeDeviceError as exc:
         _fail(str(exc))
+    end_process_after_stop(0)
 
 
 @click.command("validate")

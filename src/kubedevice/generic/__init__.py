@@ -26,8 +26,8 @@ __all__ = [
     "run_generic",
 ]
 
-# Loaded on first use, so that importing one module of the package (the GPU plugin uses
-# the YAML reader and the file watcher) does not build every model of the generic plugin.
+# Loaded on first use, so that importing one module of the package does not build every
+# model of the generic plugin.
 _HOME = {
     "Config": "config",
     "load_config": "config",

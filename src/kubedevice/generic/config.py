@@ -1,4 +1,4 @@
-"""The generic plugin's YAML config: pydantic v2 models, loading, and readable errors.
+"""The generic plugin's YAML config: typed models, loading, and readable errors.
 
 Every error names the file, the field path (``resources[0].groups[1].count``) and what was
 expected. Models are frozen and refuse unknown keys; YAML keys are camelCase.
@@ -8,28 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-
 from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES
 from kubedevice.errors import ConfigError
-from kubedevice.generic import configbase
-from kubedevice.generic.configbase import (
-    STRICT_MODEL_CONFIG,
-    AbsPath,
-    ResourceName,
-    absolute_path,
-    describe_input,
-)
 from kubedevice.generic.templates import (
     CDI_VARIABLES,
     CHECK_VARIABLES,
@@ -37,8 +21,16 @@ from kubedevice.generic.templates import (
     Template,
     TemplateError,
 )
-from kubedevice.generic.yamlfile import read_yaml
 from kubedevice.plugin import default_socket_name
+from kubedevice.plugin.configbase import (
+    AbsPath,
+    ResourceName,
+    absolute_path,
+    describe_input,
+    parse_model,
+)
+from kubedevice.plugin.schema import Check, Ge, Gt, Le, MinLen, Model
+from kubedevice.plugin.yamlfile import read_yaml
 
 __all__ = [
     "CommandCheck",
@@ -50,7 +42,6 @@ __all__ = [
     "ResourceSpec",
     "SysfsAttributeCheck",
     "UsbMatch",
-    "format_validation_error",
     "load_config",
     "parse_config",
 ]
@@ -81,7 +72,7 @@ def _under(prefix: str) -> Any:
             raise ValueError(f"must be a path under {prefix}/ (got {value!r})")
         return str(p)
 
-    return AfterValidator(check)
+    return Check(check)
 
 
 def _template(allowed: frozenset[str]) -> Any:
@@ -92,36 +83,53 @@ def _template(allowed: frozenset[str]) -> Any:
             raise ValueError(str(exc)) from None
         return value
 
-    return AfterValidator(check)
+    return Check(check)
 
 
 DevPath = Annotated[str, _under("/dev")]
 SysPath = Annotated[str, _under("/sys"), _template(CHECK_VARIABLES)]
 
 
-class _Model(BaseModel):
-    model_config = STRICT_MODEL_CONFIG
+def _permissions(value: str) -> str:
+    if not value or any(c not in "rwm" for c in value) or len(set(value)) != len(value):
+        raise ValueError(f"must be a non-empty combination of 'r', 'w', 'm' (got {value!r})")
+    return value
 
 
-class PathSpec(_Model):
+def _hex4(value: str) -> str:
+    if not _HEX4.fullmatch(value):
+        raise ValueError(f"must be 4 hexadecimal digits, e.g. '0403' (got {describe_input(value)})")
+    return value.lower()
+
+
+def _group_name(value: str) -> str:
+    if not _GROUP_NAME.fullmatch(value):
+        raise ValueError(
+            "must be 1-32 characters of [A-Za-z0-9._-], starting and ending "
+            f"alphanumeric (got {describe_input(value)})"
+        )
+    return value
+
+
+def _env_names(value: dict[str, str]) -> dict[str, str]:
+    for key in value:
+        if not _ENV_NAME.fullmatch(key):
+            raise ValueError(f"{describe_input(key)} is not a valid environment variable name")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathSpec(Model):
     """A glob of device nodes under ``/dev`` (read under ``devRoot``)."""
 
     path: DevPath
-    container_path: (
-        Annotated[str, AfterValidator(absolute_path), _template(CDI_VARIABLES)] | None
-    ) = None
-    permissions: str = "rw"
+    container_path: Annotated[str, Check(absolute_path), _template(CDI_VARIABLES)] | None = None
+    permissions: Annotated[str, Check(_permissions)] = "rw"
     optional: bool = False
 
-    @field_validator("permissions")
-    @classmethod
-    def _perms(cls, value: str) -> str:
-        if not value or any(c not in "rwm" for c in value) or len(set(value)) != len(value):
-            raise ValueError(f"must be a non-empty combination of 'r', 'w', 'm' (got {value!r})")
-        return value
 
-
-class MountSpec(_Model):
+@dataclass(frozen=True, kw_only=True)
+class MountSpec(Model):
     """An extra host path (directory or file) bind-mounted into the container."""
 
     host_path: AbsPath
@@ -129,83 +137,63 @@ class MountSpec(_Model):
     read_only: bool = False
 
 
-class UsbMatch(_Model):
+@dataclass(frozen=True, kw_only=True)
+class UsbMatch(Model):
     """Match USB devices by sysfs ``idVendor``/``idProduct``/``serial``."""
 
-    vendor: str
-    product: str | None = None
+    vendor: Annotated[str, Check(_hex4)]
+    product: Annotated[str, Check(_hex4)] | None = None
     serial: str | None = None
 
-    @field_validator("vendor", "product")
-    @classmethod
-    def _hex(cls, value: str | None) -> str | None:
-        if value is not None and not _HEX4.fullmatch(value):
-            raise ValueError(f"must be 4 hexadecimal digits, e.g. '0403' (got {value!r})")
-        return None if value is None else value.lower()
 
-
-class SysfsAttributeCheck(_Model):
+@dataclass(frozen=True, kw_only=True)
+class SysfsAttributeCheck(Model):
     """Healthy while the attribute (under ``/sys``, read under ``sysRoot``) equals ``expect``."""
 
     path: SysPath
     expect: str
 
 
-class CommandCheck(_Model):
+@dataclass(frozen=True, kw_only=True)
+class CommandCheck(Model):
     """Healthy while ``argv`` exits 0 within ``timeoutSeconds``."""
 
-    argv: Annotated[list[Annotated[str, _template(CHECK_VARIABLES)]], Field(min_length=1)]
-    timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 5.0
+    argv: Annotated[list[Annotated[str, _template(CHECK_VARIABLES)]], MinLen(1)]
+    timeout_seconds: Annotated[float, Gt(0), Le(300)] = 5.0
 
 
-class HealthSpec(_Model):
+@dataclass(frozen=True, kw_only=True)
+class HealthSpec(Model):
     """Optional per-group health check, run every ``periodSeconds``."""
 
-    period_seconds: Annotated[float, Field(ge=0.01, le=3600)] = 10.0
+    #: At least 10 ms: a shorter period would keep a core busy.
+    period_seconds: Annotated[float, Ge(0.01), Le(3600)] = 10.0
     sysfs_attribute: SysfsAttributeCheck | None = None
     command: CommandCheck | None = None
 
-    @model_validator(mode="after")
-    def _one(self) -> HealthSpec:
+    def check(self) -> None:
         if self.sysfs_attribute is None and self.command is None:
             raise ValueError("needs 'sysfsAttribute' or 'command'")
-        return self
 
 
-class GroupSpec(_Model):
+@dataclass(frozen=True, kw_only=True)
+class GroupSpec(Model):
     """A kind of device: node globs or USB matches, plus what a container gets with it."""
 
-    name: str | None = None
-    paths: list[PathSpec] = []
-    usb: list[UsbMatch] = []
+    name: Annotated[str, Check(_group_name)] | None = None
+    paths: list[PathSpec] = field(default_factory=list)
+    usb: list[UsbMatch] = field(default_factory=list)
     per_match: bool = True
-    mounts: list[MountSpec] = []
-    envs: dict[str, Annotated[str, _template(ENV_VARIABLES)]] = {}
-    annotations: dict[str, Annotated[str, _template(ENV_VARIABLES)]] = {}
-    cdi_devices: list[Annotated[str, _template(CDI_VARIABLES)]] = []
-    count: Annotated[int, Field(ge=1, le=10000)] = 1
+    mounts: list[MountSpec] = field(default_factory=list)
+    envs: Annotated[dict[str, Annotated[str, _template(ENV_VARIABLES)]], Check(_env_names)] = field(
+        default_factory=dict
+    )
+    annotations: dict[str, Annotated[str, _template(ENV_VARIABLES)]] = field(default_factory=dict)
+    cdi_devices: list[Annotated[str, _template(CDI_VARIABLES)]] = field(default_factory=list)
+    count: Annotated[int, Ge(1), Le(10000)] = 1
     health: HealthSpec | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str | None) -> str | None:
-        if value is not None and not _GROUP_NAME.fullmatch(value):
-            raise ValueError(
-                "must be 1-32 characters of [A-Za-z0-9._-], starting and ending "
-                f"alphanumeric (got {value!r})"
-            )
-        return value
-
-    @field_validator("envs")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not _ENV_NAME.fullmatch(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-        return value
-
-    @model_validator(mode="after")
-    def _shape(self) -> GroupSpec:
+    def check(self) -> None:
         if bool(self.paths) == bool(self.usb):
             raise ValueError("needs exactly one of 'paths' or 'usb'")
         if self.paths and self.per_match and self.paths[0].optional:
@@ -224,19 +212,18 @@ class GroupSpec(_Model):
                     f"paths[{i}].containerPath: must contain {{name}} because the glob can match "
                     "several nodes of one device"
                 )
-        return self
 
 
-class ResourceSpec(_Model):
+@dataclass(frozen=True, kw_only=True)
+class ResourceSpec(Model):
     """One extended resource, advertised by its own plugin socket."""
 
     name: ResourceName
-    groups: Annotated[list[GroupSpec], Field(min_length=1)]
-    limit: Annotated[int, Field(ge=1)] | None = None
+    groups: Annotated[list[GroupSpec], MinLen(1)]
+    limit: Annotated[int, Ge(1)] | None = None
     placement: Literal["spread", "pack"] = "spread"
 
-    @model_validator(mode="after")
-    def _fits_one_message(self) -> ResourceSpec:
+    def check(self) -> None:
         count = max(g.count for g in self.groups)
         if self.limit is not None and self.limit * count > MAX_IDS_PER_MESSAGE:
             raise ValueError(
@@ -244,30 +231,25 @@ class ResourceSpec(_Model):
                 "IDs can exceed the kubelet's 4 MiB ListAndWatch message (at most "
                 f"{MAX_IDS_PER_MESSAGE} IDs of the longest kind fit); lower limit or count"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _unique_groups(self) -> ResourceSpec:
         seen: set[str] = set()
         for i, group in enumerate(self.groups):
             name = group_name(group, i)
             if name in seen:
                 raise ValueError(f"groups[{i}]: duplicate group name {name!r}")
             seen.add(name)
-        return self
 
 
-class Config(_Model):
+@dataclass(frozen=True, kw_only=True)
+class Config(Model):
     """The whole config file (``version: v1``)."""
 
     version: Literal["v1"]
     dev_root: AbsPath = "/dev"
     sys_root: AbsPath = "/sys"
-    keep_unhealthy_seconds: Annotated[float, Field(ge=0)] = 3600.0
-    resources: Annotated[list[ResourceSpec], Field(min_length=1)]
+    keep_unhealthy_seconds: Annotated[float, Ge(0)] = 3600.0
+    resources: Annotated[list[ResourceSpec], MinLen(1)]
 
-    @model_validator(mode="after")
-    def _unique(self) -> Config:
+    def check(self) -> None:
         seen: set[str] = set()
         sockets: dict[str, str] = {}
         for i, res in enumerate(self.resources):
@@ -281,32 +263,20 @@ class Config(_Model):
                     f"like {sockets[sock]!r}; rename one of them"
                 )
             sockets[sock] = res.name
-        return self
 
     def with_roots(self, dev_root: str | None = None, sys_root: str | None = None) -> Config:
         """A copy with ``devRoot``/``sysRoot`` overridden (``--dev-root``/``--sys-root``)."""
-        update: dict[str, str] = {}
+        update: dict[str, Any] = {}
         if dev_root is not None:
             update["dev_root"] = str(Path(dev_root).absolute())
         if sys_root is not None:
             update["sys_root"] = str(Path(sys_root).absolute())
-        return self.model_copy(update=update)
+        return replace(self, **update)
 
 
 def group_name(group: GroupSpec, index: int) -> str:
     """The group's name, or ``group<index>`` when it has none."""
     return group.name if group.name is not None else f"group{index}"
-
-
-def format_validation_error(
-    source: str, exc: ValidationError, model: type[BaseModel] | None = None
-) -> str:
-    """One line per error: ``<source>: <field path>: <what was expected>``.
-
-    ``model`` is the root model validated (for the allowed keys of an unknown-key error);
-    the generic plugin's :class:`Config` when ``None``.
-    """
-    return configbase.format_validation_error(source, exc, Config if model is None else model)
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
@@ -316,10 +286,7 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     version = data.get("version")
     if "version" in data and version != "v1":
         raise ConfigError(f"{source}: version: unsupported version {version!r} (supported: 'v1')")
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+    return parse_model(Config, data, source)
 
 
 def load_config(path: str | Path) -> Config:

@@ -6,7 +6,6 @@ IDs across restarts. Replicas append ``::<n>``.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 __all__ = ["MAX_ID_LENGTH", "replica_id", "sanitize_id", "split_replica"]
@@ -27,6 +26,8 @@ def sanitize_id(raw: str, max_length: int = MAX_ID_LENGTH) -> str:
     out = _BAD.sub("_", plain) or "dev"
     lossy = out != plain or ("/" in raw.strip("/") and "-" in raw)
     if lossy or len(out) > max_length:
+        import hashlib  # only here: hashlib loads OpenSSL's digests (0.6 MB of every daemon)
+
         digest = hashlib.sha1(raw.encode("utf-8", "surrogateescape")).hexdigest()[:8]
         out = out[: max_length - 9].rstrip("-") + "-" + digest
     return out

@@ -20,8 +20,8 @@ from kubedevice.generic.config import Config, load_config
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
-from kubedevice.generic.watcher import DirWatcher, FileChanges, file_digest
 from kubedevice.plugin.daemon import PluginDaemon, run_daemon
+from kubedevice.plugin.filewatch import DirWatcher, FileChanges, file_digest
 from kubedevice.plugin.server import PluginServer
 from kubedevice.plugin.swap import PluginSwap
 

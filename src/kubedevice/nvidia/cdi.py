@@ -10,17 +10,15 @@ as this process sees it (``nvidiaDriverRoot``) and written with their host paths
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, Final
 
-from kubedevice.errors import ConfigError
 from kubedevice.nvidia.devices import CONTROL_NODES, Inventory
-from kubedevice.nvidia.files import replace_if_changed
+from kubedevice.plugin import cdi
+from kubedevice.plugin.cdi import validate_spec
 
 __all__ = [
     "CDI_KIND",
@@ -63,8 +61,6 @@ LIBRARY_DIRS: Final = (
 )
 BINARY_DIRS: Final = ("usr/bin", "usr/local/bin")
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
-_KIND = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _MOUNT_OPTIONS: Final = ["ro", "nosuid", "nodev", "bind"]
 _CONTROL: Final = frozenset(f"/dev/{n}" for n in CONTROL_NODES)
 
@@ -164,75 +160,9 @@ def build_spec(
     return spec
 
 
-def validate_spec(spec: dict[str, Any]) -> None:
-    """Check the rules a CDI runtime applies to a spec file (the subset we write).
-
-    Raises:
-        ConfigError: The spec would be refused; the message says which rule.
-    """
-    if not isinstance(spec.get("cdiVersion"), str) or not re.fullmatch(
-        r"\d+\.\d+\.\d+", spec["cdiVersion"]
-    ):
-        raise ConfigError(f"CDI spec: bad cdiVersion {spec.get('cdiVersion')!r}")
-    if not isinstance(spec.get("kind"), str) or not _KIND.fullmatch(spec["kind"]):
-        raise ConfigError(f"CDI spec: bad kind {spec.get('kind')!r}")
-    names: set[str] = set()
-    devices = spec.get("devices")
-    if not isinstance(devices, list):
-        raise ConfigError("CDI spec: 'devices' must be a list")
-    for dev in devices:
-        name = dev.get("name")
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ConfigError(f"CDI spec: bad device name {name!r}")
-        if name in names:
-            raise ConfigError(f"CDI spec: device name {name!r} appears twice")
-        names.add(name)
-        edits = dev.get("containerEdits")
-        if not isinstance(edits, dict) or not edits:
-            raise ConfigError(f"CDI spec: device {name!r} has no containerEdits")
-        _check_edits(edits, f"device {name!r}")
-    if "containerEdits" in spec:
-        _check_edits(spec["containerEdits"], "containerEdits")
-
-
-def _check_edits(edits: dict[str, Any], where: str) -> None:
-    allowed = {"env", "deviceNodes", "hooks", "mounts", "intelRdt", "additionalGids"}
-    unknown = set(edits) - allowed
-    if unknown:
-        raise ConfigError(f"CDI spec: {where}: unknown key(s) {sorted(unknown)}")
-    for node in edits.get("deviceNodes", []):
-        path = node.get("path")
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise ConfigError(f"CDI spec: {where}: device node path {path!r} must be absolute")
-    for mount in edits.get("mounts", []):
-        for key in ("hostPath", "containerPath"):
-            value = mount.get(key)
-            if not isinstance(value, str) or not value.startswith("/"):
-                raise ConfigError(f"CDI spec: {where}: mount {key} {value!r} must be absolute")
-
-
 def write_spec(cdi_dir: str | os.PathLike[str], spec: dict[str, Any]) -> bool:
     """Write ``spec`` to ``<cdi_dir>/kubedevice-nvidia.json`` atomically, if it changed.
 
-    The file is written to a temporary name in the same directory, flushed and renamed
-    over the old one (mode 0644: runtimes read it), so a runtime never reads half a spec.
-
-    Returns:
-        Whether the file was (re)written.
-
-    Raises:
-        ConfigError: The directory cannot be created or written.
+    See :func:`kubedevice.plugin.cdi.write_spec`.
     """
-    directory = Path(cdi_dir)
-    text = json.dumps(spec, indent=2, sort_keys=False) + "\n"
-    try:
-        if not replace_if_changed(directory, SPEC_FILE, text):
-            return False
-    except OSError as exc:
-        why = exc.strerror or exc
-        raise ConfigError(f"cannot write the CDI spec in {directory}: {why}") from exc
-    log.info(
-        "CDI spec written",
-        extra={"path": str(directory / SPEC_FILE), "devices": len(spec["devices"])},
-    )
-    return True
+    return cdi.write_spec(cdi_dir, SPEC_FILE, spec)

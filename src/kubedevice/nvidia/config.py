@@ -1,4 +1,4 @@
-"""The GPU plugin's versioned YAML config: pydantic models, loading, readable errors.
+"""The GPU plugin's versioned YAML config: typed models, loading, readable errors.
 
 Option names follow NVIDIA's k8s-device-plugin where one exists (``migStrategy``,
 ``failOnInitError``, ``deviceListStrategy``, ``deviceIDStrategy``, ``nvidiaDriverRoot``,
@@ -10,26 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-
 from kubedevice.errors import ConfigError
-from kubedevice.generic.configbase import (
-    STRICT_MODEL_CONFIG,
-    AbsPath,
-    ResourceName,
-    format_validation_error,
-)
-from kubedevice.generic.yamlfile import read_yaml
+from kubedevice.plugin.configbase import AbsPath, ResourceName, describe_input, parse_model
+from kubedevice.plugin.schema import Before, Check, Ge, Le, MinLen, Model, dump
+from kubedevice.plugin.yamlfile import read_yaml
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
@@ -78,7 +66,10 @@ def parse_duration(value: Any) -> Any:
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range: the model says "out of range"
+            return value
     if isinstance(value, str):
         match = _DURATION.fullmatch(value)
         if match is None:
@@ -87,27 +78,47 @@ def parse_duration(value: Any) -> Any:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+Duration = Annotated[float, Before(parse_duration)]
 
-
-class _Model(BaseModel):
-    model_config = STRICT_MODEL_CONFIG
+#: The shortest health timer accepted: a shorter one would keep a core busy probing a GPU.
+MIN_HEALTH_INTERVAL: Final = 0.01
 
 
 def _list_strategy(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-class Flags(_Model):
+def _unique_strategies(value: list[str]) -> list[str]:
+    if len(set(value)) != len(value):
+        raise ValueError(f"lists a strategy twice (got {value!r})")
+    return value
+
+
+def _annotation_prefix(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/", value):
+        raise ValueError(f"must be a DNS subdomain followed by '/' (got {describe_input(value)})")
+    return value
+
+
+def _gpu_or_mig(value: str) -> str:
+    if value != GPU_RESOURCE and not _MIG_RESOURCE.fullmatch(value):
+        raise ValueError(
+            f"must be {GPU_RESOURCE} or nvidia.com/mig-<profile> (got {describe_input(value)})"
+        )
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flags(Model):
     """How devices are named, listed and found (NVIDIA plugin names where they exist)."""
 
     mig_strategy: Literal["none", "single", "mixed"] = "none"
     fail_on_init_error: bool = True
     device_list_strategy: Annotated[
-        list[ListStrategy], BeforeValidator(_list_strategy), Field(min_length=1)
-    ] = ["envvar"]
-    device_id_strategy: Annotated[Literal["uuid", "index"], Field(alias="deviceIDStrategy")] = (
-        "uuid"
+        list[ListStrategy], Before(_list_strategy), MinLen(1), Check(_unique_strategies)
+    ] = field(default_factory=lambda: ["envvar"])
+    device_id_strategy: Literal["uuid", "index"] = field(
+        default="uuid", metadata={"alias": "deviceIDStrategy"}
     )
     #: Where the driver's files are, as this process sees them (``/`` on the host,
     #: ``/driver-root`` when the host's root is mounted there).
@@ -118,23 +129,9 @@ class Flags(_Model):
     dev_root: AbsPath = "/dev"
     sys_root: AbsPath = "/sys"
     cdi_dir: AbsPath = "/var/run/cdi"
-    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    cdi_annotation_prefix: Annotated[str, Check(_annotation_prefix)] = "cdi.k8s.io/"
     features_dir: AbsPath | None = "/etc/kubernetes/node-feature-discovery/features.d"
     pod_resources_socket: AbsPath = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
-    @field_validator("device_list_strategy")
-    @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        if len(set(value)) != len(value):
-            raise ValueError(f"lists a strategy twice (got {value!r})")
-        return value
-
-    @field_validator("cdi_annotation_prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/", value):
-            raise ValueError(f"must be a DNS subdomain followed by '/' (got {value!r})")
-        return value
 
     @property
     def cdi_enabled(self) -> bool:
@@ -147,28 +144,32 @@ class Flags(_Model):
         return self.host_driver_root or self.nvidia_driver_root
 
 
-class HealthConfig(_Model):
+def _xids(value: dict[int, str]) -> dict[int, str]:
+    for xid in value:
+        if xid < 0:
+            raise ValueError(f"XID {describe_input(xid)} must be >= 0")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthConfig(Model):
     """What NVML health events do to a GPU (see docs/nvidia.md, "Health")."""
 
     disabled: bool = False
-    ignored_xids: list[Annotated[int, Field(ge=0)]] = list(DEFAULT_IGNORED_XIDS)
+    ignored_xids: list[Annotated[int, Ge(0)]] = field(
+        default_factory=lambda: list(DEFAULT_IGNORED_XIDS)
+    )
     #: Per-XID policy; XIDs not listed here nor ignored get ``defaultPolicy``.
-    xid_policies: dict[int, XidPolicy] = dict(DEFAULT_XID_POLICIES)
+    xid_policies: Annotated[dict[int, XidPolicy], Check(_xids)] = field(
+        default_factory=lambda: dict(DEFAULT_XID_POLICIES)
+    )
     default_policy: XidPolicy = "quiet"
     #: Double-bit (uncorrectable) ECC errors.
     double_bit_ecc_policy: XidPolicy = "quiet"
     #: How long a GPU must stay free of events before it is probed and made Healthy again.
-    quiet_period: Annotated[Duration, Field(ge=0.0, le=86400.0)] = 30.0
+    quiet_period: Annotated[Duration, Ge(MIN_HEALTH_INTERVAL), Le(86400.0)] = 30.0
     #: How often a GPU waiting for a reset is probed for having come back.
-    reset_check_interval: Annotated[Duration, Field(gt=0.0, le=86400.0)] = 30.0
-
-    @field_validator("xid_policies")
-    @classmethod
-    def _xids(cls, value: dict[int, str]) -> dict[int, str]:
-        for xid in value:
-            if xid < 0:
-                raise ValueError(f"XID {xid} must be >= 0")
-        return value
+    reset_check_interval: Annotated[Duration, Ge(MIN_HEALTH_INTERVAL), Le(86400.0)] = 30.0
 
     def policy_for_xid(self, xid: int) -> XidPolicy:
         """The policy of one XID code (an explicit policy wins over the ignored list)."""
@@ -179,37 +180,30 @@ class HealthConfig(_Model):
         return self.default_policy
 
 
-class SharedResource(_Model):
+@dataclass(frozen=True, kw_only=True)
+class SharedResource(Model):
     """One resource shared by time-slicing: each device is offered ``replicas`` times."""
 
-    name: ResourceName
-    replicas: Annotated[int, Field(ge=2, le=1024)]
+    name: Annotated[ResourceName, Check(_gpu_or_mig)]
+    replicas: Annotated[int, Ge(2), Le(1024)]
     #: Advertise the replicas under this name instead (``renameByDefault`` adds ``.shared``).
     rename: ResourceName | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _gpu_or_mig(cls, value: str) -> str:
-        if value != GPU_RESOURCE and not _MIG_RESOURCE.fullmatch(value):
-            raise ValueError(f"must be {GPU_RESOURCE} or nvidia.com/mig-<profile> (got {value!r})")
-        return value
 
-
-class TimeSlicing(_Model):
+@dataclass(frozen=True, kw_only=True)
+class TimeSlicing(Model):
     """Time-slicing: several containers share a GPU, with no isolation between them."""
 
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
-    resources: list[SharedResource] = []
+    resources: list[SharedResource] = field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _unique(self) -> TimeSlicing:
+    def check(self) -> None:
         seen: set[str] = set()
         for i, res in enumerate(self.resources):
             if res.name in seen:
                 raise ValueError(f"resources[{i}].name: listed twice ({res.name!r})")
             seen.add(res.name)
-        return self
 
     def replicas_of(self, resource: str) -> int:
         """How many replicas each device of ``resource`` is offered as (1 = not shared)."""
@@ -225,19 +219,21 @@ class TimeSlicing(_Model):
         return resource
 
 
-class Sharing(_Model):
+@dataclass(frozen=True, kw_only=True)
+class Sharing(Model):
     """How GPUs are shared between containers."""
 
-    time_slicing: TimeSlicing = TimeSlicing()
+    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
 
 
-class Config(_Model):
+@dataclass(frozen=True, kw_only=True)
+class Config(Model):
     """The whole config file (``version: v1``)."""
 
     version: Literal["v1"]
-    flags: Flags = Flags()
-    health: HealthConfig = HealthConfig()
-    sharing: Sharing = Sharing()
+    flags: Flags = field(default_factory=Flags)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    sharing: Sharing = field(default_factory=Sharing)
 
     def with_overrides(self, **flags: str | None) -> Config:
         """A copy with the given flags replaced (CLI options; ``None`` values are ignored).
@@ -245,7 +241,7 @@ class Config(_Model):
         Keys are the Python field names of :class:`Flags` (``dev_root``, ``cdi_dir`` ...);
         relative paths are made absolute; ``""`` switches ``features_dir`` off.
         """
-        update: dict[str, str | None] = {k: v for k, v in flags.items() if v is not None}
+        update: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
         if not update:
             return self
         for key, value in update.items():
@@ -253,9 +249,8 @@ class Config(_Model):
                 update[key] = None  # '' switches an optional file off (no labels ...)
             elif key in _PATHS and value:
                 update[key] = str(Path(value).absolute())
-        data = self.flags.model_dump()
-        data.update(update)
-        return self.model_copy(update={"flags": Flags.model_validate(data, by_name=True)})
+        new = parse_model(Flags, dump(replace(self.flags, **update)), "<command line>")
+        return replace(self, flags=new)
 
 
 _OPTIONAL_PATHS: Final = frozenset({"features_dir", "host_driver_root"})
@@ -283,10 +278,7 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     version = data.get("version")
     if "version" in data and version != "v1":
         raise ConfigError(f"{source}: version: unsupported version {version!r} (supported: 'v1')")
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc, Config)) from None
+    return parse_model(Config, data, source)
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -19,8 +19,8 @@ from typing import Final
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import GpuInfo, MigDeviceInfo
 from kubedevice.nvidia.config import GPU_RESOURCE, Config
-from kubedevice.nvidia.files import read_small_file
 from kubedevice.plugin.config import default_socket_name
+from kubedevice.plugin.files import read_small_file
 
 __all__ = [
     "CONTROL_NODES",

@@ -22,7 +22,7 @@ from pathlib import Path
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo
 from kubedevice.nvidia.config import GPU_RESOURCE, Config
-from kubedevice.nvidia.files import replace_if_changed
+from kubedevice.plugin.files import replace_if_changed
 
 __all__ = [
     "FEATURES_DIR",

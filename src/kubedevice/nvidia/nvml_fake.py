@@ -26,17 +26,16 @@ import itertools
 import json
 import logging
 import os
+import re
 import select
 import socket
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Annotated, Any, ClassVar, Literal
 
 from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.nvidia.backend import (
@@ -51,6 +50,16 @@ from kubedevice.nvidia.backend import (
     MigDeviceInfo,
     P2PLevel,
     ProcessSample,
+)
+from kubedevice.plugin.schema import (
+    Check,
+    Ge,
+    Gt,
+    Le,
+    Model,
+    SchemaError,
+    build,
+    describe_input,
 )
 
 __all__ = [
@@ -442,81 +451,102 @@ def _default_dev_nodes(gpus: Iterable[FakeGpu]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(nodes))
 
 
-# ---- the synthetic format (validated with pydantic, so errors name the field)
+# ---- the synthetic format (typed models, so errors name the field)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _pattern(regex: str) -> Check:
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.search(value):
+            raise ValueError(f"must match {regex!r} (got {describe_input(value)})")
+        return value
+
+    return Check(check)
 
 
+_Count = Annotated[int, Ge(0)]
+
+
+class _Strict(Model):
+    camel_keys: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class _DriverSpec(_Strict):
     version: str
     cuda: str
     nvml: str
 
 
+@dataclass(frozen=True, kw_only=True)
 class _ProcSpec(_Strict):
     pid: int
     used_memory: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
 class _SampleSpec(_Strict):
-    utilization_gpu: int | None = Field(default=None, ge=0, le=100)
-    utilization_memory: int | None = Field(default=None, ge=0, le=100)
-    memory_used: int | None = Field(default=None, ge=0)
-    memory_total: int | None = Field(default=None, ge=0)
-    power_mw: int | None = Field(default=None, ge=0)
+    utilization_gpu: Annotated[int, Ge(0), Le(100)] | None = None
+    utilization_memory: Annotated[int, Ge(0), Le(100)] | None = None
+    memory_used: _Count | None = None
+    memory_total: _Count | None = None
+    power_mw: _Count | None = None
     temperature_c: int | None = None
-    processes: list[_ProcSpec] = []
-    ecc_double_bit_volatile: int | None = Field(default=None, ge=0)
+    processes: list[_ProcSpec] = field(default_factory=list)
+    ecc_double_bit_volatile: _Count | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
 
     def to_sample(self) -> GpuSample:
-        values = self.model_dump()
+        values = dataclasses.asdict(self)
         values["processes"] = tuple(ProcessSample(**p) for p in values["processes"])
         return GpuSample(**values)
 
 
+@dataclass(frozen=True, kw_only=True)
 class _MigSpec(_Strict):
-    uuid: str = Field(pattern=r"^MIG-")
-    profile: str = Field(pattern=r"^(\d+c\.)?\d+g\.\d+gb(\+\w+)?$")
-    gi_id: int = Field(ge=0)
-    ci_id: int = Field(default=0, ge=0)
-    memory_mib: int = Field(gt=0)
-    cap_minors: list[int] = []
+    uuid: Annotated[str, _pattern(r"^MIG-")]
+    profile: Annotated[str, _pattern(r"^(\d+c\.)?\d+g\.\d+gb(\+\w+)?$")]
+    gi_id: _Count
+    ci_id: _Count = 0
+    memory_mib: Annotated[int, Gt(0)]
+    cap_minors: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
 class _GpuSpec(_Strict):
-    uuid: str = Field(pattern=r"^GPU-")
-    index: int | None = Field(default=None, ge=0)
-    minor: int | None = Field(default=None, ge=0)
+    uuid: Annotated[str, _pattern(r"^GPU-")]
+    index: _Count | None = None
+    minor: _Count | None = None
     name: str
-    memory_mib: int = Field(gt=0)
-    pci_bus_id: str = Field(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+    memory_mib: Annotated[int, Gt(0)]
+    pci_bus_id: Annotated[str, _pattern(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
     compute_capability: tuple[int, int]
     architecture: str = "unknown"
     brand: str = "nvidia"
     serial: str | None = None
-    numa_node: int | None = Field(default=None, ge=-1, le=1023)
+    numa_node: Annotated[int, Ge(-1), Le(1023)] | None = None
     pcie_switch: str | None = None
     host_bridge: str | None = None
     mig_capable: bool = False
     mig_enabled: bool = False
-    mig_devices: list[_MigSpec] = []
+    mig_devices: list[_MigSpec] = field(default_factory=list)
     events_supported: bool = True
-    sample: _SampleSpec = _SampleSpec()
+    sample: _SampleSpec = field(default_factory=_SampleSpec)
     timeline: str | None = None  # a load recording, relative to this file or packaged
 
 
+@dataclass(frozen=True, kw_only=True)
 class _LinkSpec(_Strict):
     gpus: tuple[int, int]
-    nvlinks: int = Field(default=0, ge=0)
+    nvlinks: _Count = 0
     level: Literal["PIX", "PXB", "PHB", "NODE", "SYS"] | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
 class _StepSpec(_Strict):
-    at_ms: int = Field(ge=0)
+    at_ms: _Count
     op: Literal["xid", "ecc", "lost", "recover", "sample"]
     gpu: int | None = None  # an index, instead of uuid
     uuid: str | None = None
@@ -524,6 +554,7 @@ class _StepSpec(_Strict):
     values: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
 class _MachineSpec(_Strict):
     format: Literal["kubedevice-fake-nvml/v1"]
     description: str = ""
@@ -531,9 +562,9 @@ class _MachineSpec(_Strict):
     init_error: str | None = None
     control_socket: str | None = None
     gpus: list[_GpuSpec]
-    links: list[_LinkSpec] = []
+    links: list[_LinkSpec] = field(default_factory=list)
     dev_nodes: list[str] | None = None
-    script: list[_StepSpec] = []
+    script: list[_StepSpec] = field(default_factory=list)
 
 
 _LEVELS = {
@@ -558,11 +589,11 @@ def _derived_level(a: FakeGpu, b: FakeGpu) -> P2PLevel:
 
 def _parse_synthetic(raw: dict[str, Any], path: Path) -> FakeMachine:
     try:
-        spec = _MachineSpec.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{path}: {loc}: {err['msg']}") from e
+        spec = build(_MachineSpec, raw)
+    except SchemaError as e:
+        first = e.problems[0]
+        loc = ".".join(str(p) for p in first.path) or "(top level)"
+        raise ConfigError(f"{path}: {loc}: {first.message}") from None
     gpus: list[FakeGpu] = []
     for pos, g in enumerate(spec.gpus):
         index = pos if g.index is None else g.index

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubedevice.errors import ConfigError, NvmlError
-from kubedevice.generic.watcher import FileChanges, file_digest
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo, NvmlBackend
 from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
 from kubedevice.nvidia.config import Config, load_config
@@ -32,6 +31,7 @@ from kubedevice.nvidia.labels import node_labels, remove_feature_file, write_fea
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import Topology, build_topology, preferred_allocation
 from kubedevice.plugin.daemon import PluginDaemon, run_daemon
+from kubedevice.plugin.filewatch import FileChanges, file_digest
 from kubedevice.plugin.server import PluginServer
 from kubedevice.plugin.swap import PluginSwap
 

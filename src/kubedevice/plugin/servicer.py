@@ -223,6 +223,15 @@ def _ids_label(what: str, ids: Sequence[str]) -> str:
 
 def _check_request(table: DeviceTable, ids: Sequence[str], index: int) -> str | list[Device]:
     """Return the devices for ``ids``, or the INVALID_ARGUMENT message."""
+    by_id = table.by_id
+    devices = [by_id.get(i) for i in ids]  # the usual request: known, distinct, healthy
+    if (
+        devices
+        and None not in devices
+        and all(d.health is Health.HEALTHY for d in devices)  # type: ignore[union-attr]
+        and len(set(ids)) == len(ids)
+    ):
+        return devices  # type: ignore[return-value]
     if not ids:
         return f"container request {index} names no devices"
     seen: set[str] = set()
@@ -233,15 +242,11 @@ def _check_request(table: DeviceTable, ids: Sequence[str], index: int) -> str | 
         seen.add(dev_id)
     if dups:
         return f"container request {index} names {_ids_label('duplicate', dups)}"
-    by_id = table.by_id
     unknown = [i for i in ids if i not in by_id]
     if unknown:
         return f"container request {index} names {_ids_label('unknown', unknown)}"
-    devices = [by_id[i] for i in ids]
-    unhealthy = [d.id for d in devices if d.health is not Health.HEALTHY]
-    if unhealthy:
-        return f"container request {index} names {_ids_label('unhealthy', unhealthy)}"
-    return devices
+    unhealthy = [i for i in ids if by_id[i].health is not Health.HEALTHY]
+    return f"container request {index} names {_ids_label('unhealthy', unhealthy)}"
 
 
 def _fill_response(cresp: Any, alloc: ContainerAllocation) -> None:
@@ -265,6 +270,33 @@ def _fill_response(cresp: Any, alloc: ContainerAllocation) -> None:
         cresp.cdi_devices.add(name=name)
 
 
+def _framed(cresp: Any) -> bytes:
+    """One ``ContainerAllocateResponse`` as it sits inside an ``AllocateResponse`` on the wire.
+
+    ``container_responses`` is field 1 (length-delimited): tag byte 0x0a, the length as a
+    varint, the message. An AllocateResponse is these pieces back to back, so a response
+    can be put together from cached pieces without building a message.
+    """
+    body: bytes = cresp.SerializeToString()
+    size = len(body)
+    head = bytearray(b"\x0a")
+    while size >= 0x80:
+        head.append((size & 0x7F) | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + body
+
+
+#: Most default responses kept per plugin (one per distinct ID list asked for).
+MAX_CACHED_RESPONSES = 4096
+
+
+def _base_allocate() -> Any:
+    from kubedevice.plugin.base import DevicePlugin
+
+    return DevicePlugin.allocate
+
+
 class _Servicer:
     """The five DevicePlugin RPCs of one plugin (bound to its table)."""
 
@@ -279,6 +311,12 @@ class _Servicer:
         self._extra = {"resource": self.resource}
         # async def hooks as they are; plain functions run in a worker thread.
         self._allocate_hook = async_hook(plugin.allocate)
+        #: The plugin keeps the base class's allocate(): every answer is DEFAULT.
+        self._always_default = getattr(plugin.allocate, "__func__", None) is _base_allocate()
+        #: Framed default responses by ID list, valid for one device table (``by_id``):
+        #: the default response is a function of the (frozen) devices alone.
+        self._default_cache: dict[tuple[str, ...], bytes] = {}
+        self._cache_table: dict[str, Device] | None = None
         self._preferred_hook = async_hook(plugin.preferred_allocation)
         self._pre_start_hook = async_hook(plugin.pre_start)
 
@@ -296,49 +334,73 @@ class _Servicer:
         log.debug("ListAndWatch stream opened", extra=self._extra)
         await self.table.stream(context.write)
 
-    async def allocate(
-        self, request: dp.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> dp.AllocateResponse:
-        start = time.perf_counter()
-        result = await self._allocate(request)
-        if self.metrics is not None:
+    async def allocate(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        """Allocate: the serialized ``AllocateResponse`` (the handler sends bytes as they are)."""
+        if type(request) is _Undecodable:
+            await _abort_undecodable(context, request)
+        if self.metrics is None:
+            result = await self._allocate(request)
+        else:
+            start = time.perf_counter()
+            result = await self._allocate(request)
             self.metrics.allocated(
                 self.resource,
                 time.perf_counter() - start,
-                None if isinstance(result, dp.AllocateResponse) else result[0].name,
+                None if isinstance(result, bytes) else result[0].name,
             )
-        if isinstance(result, dp.AllocateResponse):
+        if isinstance(result, bytes):
             return result
         await _abort(context, *result)
 
-    async def _allocate(
-        self, request: dp.AllocateRequest
-    ) -> dp.AllocateResponse | tuple[grpc.StatusCode, str]:
+    async def _allocate(self, request: dp.AllocateRequest) -> bytes | tuple[grpc.StatusCode, str]:
         if not request.container_requests:
             return grpc.StatusCode.INVALID_ARGUMENT, "Allocate request has no container requests"
-        resp = dp.AllocateResponse()
+        table = self.table.by_id
+        if self._cache_table is not table:
+            self._default_cache.clear()
+            self._cache_table = table
+        pieces: list[bytes] = []
         for index, creq in enumerate(request.container_requests):
-            checked = _check_request(self.table, creq.devices_ids, index)
+            ids = tuple(creq.devices_ids)
+            cached = self._default_cache.get(ids) if self._always_default else None
+            if cached is not None:
+                pieces.append(cached)
+                continue
+            checked = _check_request(self.table, ids, index)
             if isinstance(checked, str):
                 log.warning("Allocate refused: %s", checked, extra=self._extra)
                 return grpc.StatusCode.INVALID_ARGUMENT, checked
             try:
-                result = await self._allocate_hook(checked)
+                result = DEFAULT if self._always_default else await self._allocate_hook(checked)
                 if result is DEFAULT:
+                    cached = self._default_cache.get(ids)
+                    if cached is not None:
+                        pieces.append(cached)
+                        continue
                     result = ContainerAllocation.merge(checked)
+                    default = True
                 elif not isinstance(result, ContainerAllocation):
                     raise TypeError(
                         f"allocate() returned {type(result).__name__}, expected "
                         "ContainerAllocation or kubedevice.DEFAULT"
                     )
+                else:
+                    default = False
             except AllocationError as exc:  # the hook refuses the request: the caller's fault
                 log.warning("Allocate refused: %s", exc, extra=self._extra)
                 return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
             except HOOK_ERRORS as exc:
                 log.exception("allocate hook failed", extra=self._extra)
                 return grpc.StatusCode.INTERNAL, f"allocate hook failed: {exc!r}"
-            _fill_response(resp.container_responses.add(), result)
-        return resp
+            cresp = dp.ContainerAllocateResponse()
+            _fill_response(cresp, result)
+            piece = _framed(cresp)
+            if default:
+                if len(self._default_cache) >= MAX_CACHED_RESPONSES:
+                    self._default_cache.clear()
+                self._default_cache[ids] = piece
+            pieces.append(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def get_preferred_allocation(
         self, request: dp.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -411,8 +473,9 @@ class _Servicer:
 
 def _identity(data: bytes) -> bytes:
     """ListAndWatch messages are encoded once per snapshot and the same bytes go to every
-    stream; that is why this handler table is built here rather than by the generated
-    ``add_DevicePluginServicer_to_server`` (which would re-encode per stream). Every method
+    stream, and Allocate answers from cached pieces of its response; that is why this
+    handler table is built here rather than by the generated
+    ``add_DevicePluginServicer_to_server`` (which would re-encode each time). Every method
     of the table is called over a real socket by ``tests/sdk``."""
     return data
 
@@ -441,16 +504,22 @@ def _parser(message_type: Any) -> Callable[[bytes], Any]:
     return parse
 
 
+async def _abort_undecodable(
+    context: grpc.aio.ServicerContext[Any, Any], request: _Undecodable
+) -> NoReturn:
+    await _abort(
+        context,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"the request is not a valid {request.message} protobuf message: {request.reason}",
+    )
+
+
 def _decoded(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Wrap an RPC method: an undecodable request gets INVALID_ARGUMENT, not UNKNOWN."""
 
     async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if type(request) is _Undecodable:
-            await _abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the request is not a valid {request.message} protobuf message: {request.reason}",
-            )
+            await _abort_undecodable(context, request)
         return await method(request, context)
 
     return call
@@ -484,9 +553,9 @@ def make_handler(
                 response_serializer=_identity,
             ),
             "Allocate": grpc.unary_unary_rpc_method_handler(
-                _decoded(svc.allocate),
+                svc.allocate,  # checks for an undecodable request itself (one call less)
                 request_deserializer=_parser(dp.AllocateRequest),
-                response_serializer=dp.AllocateResponse.SerializeToString,
+                response_serializer=_identity,  # it answers the serialized response
             ),
             "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
                 _decoded(svc.get_preferred_allocation),

@@ -8,7 +8,7 @@ turns a GPU Unhealthy within milliseconds and a recovery after the quiet period,
 per-pod metrics, the node labels, time-slicing replicas after a config reload, and a clean
 SIGTERM. Every step waits on an event (never a sleep) with a timeout, and is timed.
 
-Glue between the two sides, like :mod:`kubedevice.demo`; it holds no plugin logic.
+Glue between the two sides, like :mod:`kubedevice.demo.generic`; it holds no plugin logic.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kubedevice.demo import (
+from kubedevice.demo.generic import (
     STEP_TIMEOUT_S,
     DemoError,
     DemoResult,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kubedevice.nvidia.files import NotARegularFileError, read_small_file, replace_if_changed
+from kubedevice.plugin.files import NotARegularFileError, read_small_file, replace_if_changed
 
 
 def test_writes_once_then_leaves_a_current_file_alone(tmp_path: Path) -> None:

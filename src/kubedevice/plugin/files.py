@@ -1,4 +1,4 @@
-"""Publishing a file the GPU plugin owns (the CDI spec, the NFD feature file): atomic, no-follow.
+"""Publishing a file a plugin owns (a CDI spec, the NFD feature file): atomic, no-follow.
 
 :func:`replace_if_changed` writes a hidden temporary file in the target's directory and
 renames it over the target, so a reader (the container runtime, ``nfd-worker``) never sees
