@@ -3,8 +3,11 @@
 :class:`GpuPlugins` owns the SDK :class:`~kubedevice.plugin.PluginServer`, the
 :class:`~kubedevice.nvidia.health.HealthMonitor`, the CDI spec file and the config
 watcher. A reload (SIGHUP or a change of the file) is all-or-nothing: the new config and
-everything derived from it (devices, CDI spec) are built first; if any of it fails the
-old config keeps running untouched. It never exits the process; :func:`run_gpu_plugin` is
+everything derived from it (devices, CDI spec, labels) are built and checked first (each
+new resource as the SDK would serve it: names, socket names, socket path lengths); then
+the new resources are served through :class:`~kubedevice.plugin.swap.PluginSwap`, the
+CDI spec is written (the new resources are removed again if it cannot be), the change is
+committed, and the labels come last. A refused reload changes nothing. It never exits the process; :func:`run_gpu_plugin` is
 the in-process entry point the CLI uses.
 """
 
@@ -475,9 +478,10 @@ async def run_gpu_plugin(
 ) -> None:
     """Run the GPU plugin until ``stop`` is set.
 
-    ``wait_timeout_ms`` bounds each NVML event wait, and so how long stopping waits for
-    an event thread that does not answer ``interrupt()`` (real NVML answers at the end of
-    its current wait slice, the fake at once).
+    ``wait_timeout_ms`` bounds each NVML event wait. Stopping does not wait for it: the
+    event thread gets a few milliseconds to answer ``interrupt()`` (the fake answers at
+    once; real NVML only at the end of its current wait slice), then is left in its wait
+    and NVML is not shut down under it.
 
     Raises:
         NvmlError: NVML cannot start and ``failOnInitError`` is set.
