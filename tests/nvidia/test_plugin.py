@@ -192,6 +192,18 @@ async def test_one_replica_pods_spread_over_idle_gpus(
         assert len(set(gpus)) == 4  # one GPU each, none left idle
 
 
+async def test_a_fake_machines_numa_nodes_reach_the_kubelet_without_a_sysfs(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("mig-mixed")
+    overrides = {**host.overrides(), "sys_root": str(host.root / "no-sys")}
+    async with GpuPlugins(_config(), host.nvml, device_plugin_dir=dp_dir, overrides=overrides):
+        status = await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+    index = {g.info.uuid: g.info.index for g in host.nvml.machine.gpus}
+    numa = {index[d.id]: d.numa for d in status.devices}
+    assert numa == {0: (0,), 1: (0,), 2: (1,), 3: (1,)}  # the machine's own NUMA nodes
+
+
 async def test_mig_mixed_serves_one_resource_per_profile(
     emu: Emulator, dp_dir: Path, gpu_host: Any
 ) -> None:
