@@ -7,8 +7,8 @@ everything derived from it (devices, CDI spec, labels) are built and checked fir
 new resource as the SDK would serve it: names, socket names, socket path lengths); then
 the new resources are served through :class:`~kubedevice.plugin.swap.PluginSwap`, the
 CDI spec is written (the new resources are removed again if it cannot be), the change is
-committed, and the labels come last. A refused reload changes nothing. It never exits the process; :func:`run_gpu_plugin` is
-the in-process entry point the CLI uses.
+committed, and the labels come last. A refused reload changes nothing. It never exits
+the process; :func:`run_gpu_plugin` is the in-process entry point the CLI uses.
 """
 
 from __future__ import annotations
