@@ -95,7 +95,8 @@ class HealthState:
         """Apply one NVML event; return whether any health changed."""
         uuid = event.uuid
         if uuid not in self.parents:
-            log.warning("health event for an unknown device %s ignored: %s", uuid, event)
+            if self._quiet.first(uuid, "unknown device"):  # once per device, not per event
+                log.warning("health event for an unknown device %s ignored: %s", uuid, event)
             return False
         if event.kind is EventKind.XID:
             if event.xid is None:  # an NVML failure reported for this GPU

@@ -600,8 +600,7 @@ class PluginServer:
         socket_name = validate_socket_name(plugin.effective_socket_name())
         check_hooks(plugin)
         path = self.device_plugin_dir / socket_name
-        # with room for the temporary names of a million re-binds
-        _check_path_length(path, _tmp_path(path, 10**6))
+        _check_path_length(path, _tmp_path(path, 0))
         return resource, socket_name
 
     async def add(self, plugin: DevicePlugin) -> None:
