@@ -219,6 +219,7 @@ async def test_mig_mixed_serves_one_resource_per_profile(
         ]
         await emu.wait_for_resource("nvidia.com/mig-1g.18gb", allocatable=4, timeout=5)
         await emu.wait_for_resource(GPU, allocatable=1, timeout=5)
+        await emu.wait_for_resource("nvidia.com/mig-3g.71gb", allocatable=2, timeout=5)
         main = (await emu.apply_pod(pod("small", "nvidia.com/mig-3g.71gb", 1))).container("main")
         (mig_uuid,) = main.devices["nvidia.com/mig-3g.71gb"]
         assert mig_uuid.startswith("MIG-")
