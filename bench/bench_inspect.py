@@ -98,7 +98,9 @@ async def main() -> dict[str, Any]:
                 await emu.apply_pod(pod_manifest(f"p{n}", res, 4))
             healthy, doc = await _series(dp_dir)
             ok = [p for p in doc["plugins"] if p["state"] == "ok"]
-            assert sum(p["devices"] for p in ok) == PLUGINS * PER_PLUGIN, doc["plugins"]
+            assert len(ok) == PLUGINS, doc["plugins"]
+            allocatable = doc["podResources"]["allocatable"]
+            assert sum(len(ids) for ids in allocatable.values()) == PLUGINS * PER_PLUGIN
             assert len(doc["podResources"]["assigned"]) == PODS
             hang.bind(str(dp_dir / "hang.sock"))
             hang.listen(16)

@@ -1,8 +1,10 @@
-"""``kubedevice advertise`` against a local HTTP endpoint standing in for the API server.
+"""``kubedevice advertise`` against local HTTP endpoints standing in for the API server.
 
-No API server runs here: a ``http.server`` in a thread records exactly what the official
-Kubernetes client sends (method, path, headers, body) and answers like the API server would
-(a Node, or a ``Status`` with 401/403/404/409/422).
+A ``http.server`` in a thread records exactly what is sent (method, path, headers, body) and
+answers like the API server does (a Node, or a ``Status`` with 401/403/404/409/422; a
+``remove`` of a resource the node lacks is a 422, as the real API server answers). Raw socket
+servers play the hostile ones: one that drips its answer a byte at a time, one whose body
+never ends. tests/e2e/test_advertise_real.py runs it against the real API server.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kubedevice.advertise import build_patch, escape_pointer
 from kubedevice.errors import ConfigError
@@ -32,12 +35,26 @@ class FakeApi:
 
     url: str
     received: list[dict[str, Any]] = field(default_factory=list)
+    gets: int = 0
     status: int = 200
     capacity: dict[str, str] = field(default_factory=lambda: {"cpu": "2"})
 
 
 def _handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            api.gets += 1
+            node = self.path.split("/")[4]
+            self._answer(200, _node(node, api.capacity))
+
+        def _answer(self, status: int, doc: dict[str, Any]) -> None:
+            out = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
         def do_PATCH(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             api.received.append(
@@ -50,37 +67,43 @@ def _handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
             )
             if api.status == 200:
                 node = self.path.split("/")[4]
+                capacity = dict(api.capacity)
                 for op in json.loads(body):
                     name = op["path"].split("/")[-1].replace("~1", "/").replace("~0", "~")
                     if op["op"] == "add":
-                        api.capacity[name] = op["value"]
-                    else:
-                        api.capacity.pop(name, None)
-                doc: dict[str, Any] = {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": node},
-                    "status": {"capacity": dict(api.capacity)},
-                }
+                        capacity[name] = op["value"]
+                    elif name in capacity:
+                        del capacity[name]
+                    else:  # what the real API server answers (all or nothing)
+                        self._answer(422, _status(422, REAL_422))
+                        return
+                api.capacity = capacity
+                self._answer(200, _node(node, capacity))
             else:
-                doc = {
-                    "apiVersion": "v1",
-                    "kind": "Status",
-                    "status": "Failure",
-                    "message": f"server says {api.status}",
-                    "code": api.status,
-                }
-            out = json.dumps(doc).encode()
-            self.send_response(api.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+                self._answer(api.status, _status(api.status, f"server says {api.status}"))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
     return Handler
+
+
+#: The real API server's whole message for a JSON patch that does not apply (v1.36.2).
+REAL_422 = "the server rejected our request due to an error in our request"
+
+
+def _node(name: str, capacity: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "status": {"capacity": dict(capacity)},
+    }
+
+
+def _status(code: int, message: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message,
+            "code": code}  # fmt: skip
 
 
 @pytest.fixture
@@ -149,24 +172,121 @@ def test_add_and_remove(api: FakeApi, tmp_path: Path) -> None:
     ]
 
 
-def test_dry_run_prints_exactly_what_is_sent(api: FakeApi, tmp_path: Path) -> None:
+def test_dry_run_prints_every_header_that_is_sent(api: FakeApi, tmp_path: Path) -> None:
     args = ("gpu-node.zone-a", "example.com/foo=0004", "vendor.io/fpga=2", "--remove", "a.b/c")
     dry = _run(tmp_path, api.url, *args, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert api.received == []  # nothing sent
-    request_line, content_type, blank, body = dry.stdout.rstrip("\n").split("\n")
+    head, body = dry.stdout.rstrip("\n").split("\n\n")
+    request_line, *header_lines = head.split("\n")
+    printed = dict(line.split(": ", 1) for line in header_lines)
+    api.capacity["a.b/c"] = "1"
     sent = _run(tmp_path, api.url, *args)
     assert sent.returncode == 0, sent.stderr
     [req] = api.received
     assert request_line == f"PATCH {api.url}{req['path']}"
-    assert content_type == f"Content-Type: {req['headers']['content-type']}"
-    assert blank == ""
+    # every header sent is printed, with its value; the token itself is not printed
+    assert {k.lower() for k in printed} == set(req["headers"])
+    for key, value in printed.items():
+        if key == "Authorization":
+            assert value == "Bearer <the token of kubeconfig user 'me'>"
+            assert TOKEN not in dry.stdout
+        else:
+            assert req["headers"][key.lower()] == value, key
     assert body == req["body"]  # byte for byte
     assert json.loads(body)[0] == {
         "op": "add",
         "path": "/status/capacity/example.com~1foo",
         "value": "4",
     }
+
+
+def _exec_kubeconfig(path: Path, server: str, marker: Path) -> Path:
+    plugin = path.parent / "credential-plugin"
+    plugin.write_text(f"#!/bin/sh\ntouch {marker}\necho '{{}}'\n")
+    plugin.chmod(0o755)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [
+                    {
+                        "name": "exec-user",
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1",
+                                "command": str(plugin),
+                                "interactiveMode": "Never",
+                            }
+                        },
+                    },
+                    {
+                        "name": "oidc-user",
+                        "user": {
+                            "auth-provider": {
+                                "name": "oidc",
+                                "config": {
+                                    "client-id": "kd",
+                                    "client-secret": "s",
+                                    # expired (exp 1), so a client would refresh it
+                                    "id-token": "eyJhbGciOiJub25lIn0.eyJleHAiOjF9.",
+                                    "refresh-token": "r",
+                                    "idp-issuer-url": server,
+                                },
+                            }
+                        },
+                    },
+                ],
+                "contexts": [
+                    {"name": "exec", "context": {"cluster": "c", "user": "exec-user"}},
+                    {"name": "oidc", "context": {"cluster": "c", "user": "oidc-user"}},
+                ],
+                "current-context": "exec",
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("context", "auth"),
+    [
+        ("exec", "Bearer <a token from the exec plugin '{plugin}', not run in a dry run>"),
+        ("oidc", "Bearer <a token from the 'oidc' auth provider, not refreshed in a dry run>"),
+    ],
+)
+def test_dry_run_runs_no_credential_plugin_and_writes_nothing(
+    api: FakeApi, tmp_path: Path, context: str, auth: str
+) -> None:
+    marker = tmp_path / "plugin-ran"
+    kubeconfig = _exec_kubeconfig(tmp_path / "kubeconfig", api.url, marker)
+    before = kubeconfig.read_bytes()
+    proc = _advertise(
+        tmp_path, "--kubeconfig", str(kubeconfig), "--context", context, "--dry-run",
+        "n1", "example.com/foo=1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    plugin = tmp_path / "credential-plugin"
+    assert f"Authorization: {auth.format(plugin=plugin)}" in proc.stdout.splitlines()
+    assert not marker.exists()  # the exec plugin never ran
+    assert kubeconfig.read_bytes() == before  # nothing rewritten
+    assert api.received == []  # neither the API server nor the IdP was asked
+    assert api.gets == 0
+
+
+def test_dry_run_needs_no_credentials_at_all(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://10.0.0.1:6443'}}]\n"
+        "contexts: [{name: x, context: {cluster: c}}]\ncurrent-context: x\n"
+    )
+    proc = _advertise(tmp_path, "--kubeconfig", str(kubeconfig), "--dry-run", "n1", "a.io/b=1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("PATCH https://10.0.0.1:6443/api/v1/nodes/n1/status\n")
+    assert "Authorization" not in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -188,6 +308,18 @@ def test_api_errors_are_one_line_exit_2(
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [line]
     assert len(api.received) == 1  # sent once, not retried
+
+
+def test_removing_a_resource_the_node_lacks_says_so(api: FakeApi, tmp_path: Path) -> None:
+    api.capacity["example.com/foo"] = "2"
+    proc = _run(tmp_path, api.url, "n1", "example.com/foo=3", "--remove", "example.com/gone")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "error: node n1 has no example.com/gone in its capacity: nothing to remove; "
+        "nothing was changed (the patch is all or nothing)"
+    ]
+    assert api.capacity["example.com/foo"] == "2"
+    assert api.gets == 1  # the capacity was read to say why
 
 
 @pytest.mark.parametrize(
@@ -248,3 +380,157 @@ def test_pointer_escaping() -> None:
     )
     with pytest.raises(ConfigError, match="nothing to do"):
         build_patch("n", [], [])
+
+
+class RawServer:
+    """A TCP server that reads one HTTP request (headers and Content-Length body) per
+    connection and then runs ``answer(conn)``; counts the bytes it managed to send."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.requests = 0
+        self.sent = 0
+        self.done = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            while len(body) < length:
+                body += conn.recv(65536)
+            self.requests += 1
+            try:
+                self.answer(self, conn)
+            except OSError:
+                pass  # the client hung up: what these tests expect
+            finally:
+                self.done.set()
+
+    def send(self, conn: socket.socket, data: bytes) -> None:
+        conn.sendall(data)
+        self.sent += len(data)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def raw() -> Iterator[Any]:
+    servers: list[RawServer] = []
+
+    def make(answer: Any) -> RawServer:
+        servers.append(RawServer(answer))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+NODE_200 = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 80\r\n\r\n"
+    + json.dumps(_node("n1", {"example.com/foo": "1"})).encode().ljust(80)
+)
+
+
+def test_timeout_is_a_deadline_for_a_server_that_drips(raw: Any, tmp_path: Path) -> None:
+    """A whole, valid answer sent one byte per 50 ms takes about 8 s; --timeout 1 gives up
+    at the deadline instead of waiting for each byte (the old per-read timeout never fired)."""
+
+    def drip(server: RawServer, conn: socket.socket) -> None:
+        for i in range(len(NODE_200)):
+            if server.stop.wait(0.05):
+                return
+            server.send(conn, NODE_200[i : i + 1])
+
+    server = raw(drip)
+    proc = _run(tmp_path, server.url, "--timeout", "1", "n1", "example.com/foo=1")
+    assert proc.returncode == 2, proc.stdout
+    [line] = proc.stderr.splitlines()
+    assert line == (
+        f"error: the API server at {server.url}: no complete answer within 1 s: the patch may "
+        "have been applied; check with: kubectl get node n1 -o jsonpath='{.status.capacity}'"
+    )
+    assert server.requests == 1
+    assert 0 < server.sent < len(NODE_200)  # it stopped before the answer was complete
+
+
+def test_a_huge_body_is_not_read_past_the_bound(raw: Any, tmp_path: Path) -> None:
+    size = 300 * 1024 * 1024
+
+    def huge(server: RawServer, conn: socket.socket) -> None:
+        server.send(conn, f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
+        chunk = b" " * (1024 * 1024)
+        while server.sent < size and not server.stop.is_set():
+            server.send(conn, chunk)
+
+    server = raw(huge)
+    proc = _run(tmp_path, server.url, "n1", "example.com/foo=1")
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(
+        f"error: the API server at {server.url} answered 200 with a body over 4 MiB; "
+        "stopped reading: the patch may have been applied"
+    )
+    assert server.done.wait(30)
+    assert server.sent < 64 * 1024 * 1024  # the client hung up long before 300 MB
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot json!",
+            "answered 200, but not with a Node: the patch was probably applied; check with: "
+            "kubectl get node n1 -o jsonpath='{.status.capacity}'",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+            "answered 200, but not with a Node: the patch was probably applied",
+        ),
+        (
+            b"",  # the connection closes once the request is in
+            ": the connection failed after the request was sent (",
+        ),
+        (
+            b'HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{"kind"',  # cut short
+            ": the connection failed after the request was sent (",
+        ),
+    ],
+    ids=["not-json", "not-a-node", "closed", "cut-short"],
+)
+def test_reached_but_bad_answers_never_say_cannot_reach(
+    raw: Any, tmp_path: Path, answer: bytes, expected: str
+) -> None:
+    server = raw(lambda server, conn: server.send(conn, answer))
+    proc = _run(tmp_path, server.url, "n1", "example.com/foo=1")
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert "cannot reach" not in line
+    assert expected in line
+    assert server.requests == 1
+
+
+def test_no_answer_after_the_request_says_it_may_have_been_applied(
+    raw: Any, tmp_path: Path
+) -> None:
+    server = raw(lambda server, conn: server.stop.wait(60))
+    proc = _run(tmp_path, server.url, "--timeout", "0.5", "n1", "example.com/foo=1")
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert "no complete answer within 0.5 s: the patch may have been applied" in line

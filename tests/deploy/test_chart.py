@@ -29,8 +29,6 @@ GPU_ARGS = [
     "--metrics-address", "0.0.0.0:9401",
     "--dev-root", "/host/dev",
     "--sys-root", "/host/sys",
-    "--driver-root", "/host/driver",
-    "--host-driver-root", "/",
     "--cdi-dir", "/var/run/cdi",
     "--features-dir", "/etc/kubernetes/node-feature-discovery/features.d",
     "--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
@@ -85,35 +83,50 @@ def test_default_render_is_the_generic_plugin_only_and_valid() -> None:
     assert [r.name for r in config.resources] == ["kubedevice.io/fuse"]
 
 
+GPU_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": key, "operator": "In", "values": ["true"]}]}
+                for key in ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+            ]
+        }
+    }
+}
+
+
 def test_gpu_component_renders_and_validates() -> None:
     docs = render(values={"nvidia.enabled": "true", "nvidia.driverRoot": "/run/nvidia/driver"})
     assert validate_all(docs) == 4
     ds = daemonset(docs, "nvidia")
     assert ds["metadata"]["name"] == "kubedevice-nvidia"
     pod = ds["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"feature.node.kubernetes.io/pci-10de.present": "true"}
-    assert pod["runtimeClassName"] == "nvidia"
+    # NFD's PCI label OR nvidia.com/gpu.present, on Linux nodes (as NVIDIA's chart)
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["affinity"] == GPU_AFFINITY
+    # no RuntimeClass by default: clusters with only the container toolkit have none
+    assert "runtimeClassName" not in pod
     gpu_tolerations = {
         (t["key"], t["effect"]) for t in pod["tolerations"] if t.get("key") == "nvidia.com/gpu"
     }
     assert gpu_tolerations == {("nvidia.com/gpu", "NoSchedule"), ("nvidia.com/gpu", "NoExecute")}
     c = container(ds)
-    want = list(GPU_ARGS)
-    want[want.index("--host-driver-root") + 1] = "/run/nvidia/driver"
-    assert c["args"] == want
+    assert c["args"] == GPU_ARGS  # no CDI strategy: no driver root
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in env
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     mounts = _mounts(ds)
     read_only = {p for p, m in mounts.items() if m.get("readOnly")}
     assert read_only == {
         "/var/lib/kubelet/pod-resources",
         "/host/dev",
         "/host/sys",
-        "/host/driver",
         "/etc/kubedevice/nvidia",
     }
-    assert _host_path(ds, "/host/driver") == "/run/nvidia/driver"
+    volumes = {v["name"] for v in pod["volumes"]}
+    assert "driver" not in volumes
     assert _host_path(ds, "/var/run/cdi") == "/var/run/cdi"
     assert _host_path(ds, "/host/dev") == "/dev"
     assert _host_path(ds, "/etc/kubernetes/node-feature-discovery/features.d") == (
@@ -130,11 +143,114 @@ def test_gpu_component_renders_and_validates() -> None:
     assert cfg["sharing"]["timeSlicing"]["resources"] == []
 
 
+def test_both_daemonsets_run_on_linux_only_and_generic_tolerates_no_taint_by_default() -> None:
+    docs = render(values={"nvidia.enabled": "true"})
+    for component in ("generic", "nvidia"):
+        pod = daemonset(docs, component)["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["kubernetes.io/os"] == "linux", component
+    generic = daemonset(docs, "generic")["spec"]["template"]["spec"]
+    # not "every taint": a toleration without a key tolerates everything
+    assert all(t.get("key") for t in generic["tolerations"]), generic["tolerations"]
+    assert generic["tolerations"] == [{"key": "CriticalAddonsOnly", "operator": "Exists"}]
+
+
+def _gpu_render(tmp_path: Path, flags: str, **values: str) -> dict[str, Any]:
+    (tmp_path / "gpu.yaml").write_text(f"version: v1\nflags:\n{flags}")
+    docs = render(
+        values={"nvidia.enabled": "true", **values},
+        set_files={"nvidia.config": tmp_path / "gpu.yaml"},
+    )
+    validate_all(docs)
+    return daemonset(docs, "nvidia")
+
+
+@pytest.mark.parametrize("strategy", ["single", "mixed"])
+def test_gpu_mig_adds_monitor_devices_and_sys_admin(tmp_path: Path, strategy: str) -> None:
+    ds = _gpu_render(tmp_path, f"  migStrategy: {strategy}\n")
+    c = container(ds)
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    caps = c["securityContext"]["capabilities"]
+    assert caps == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert c["securityContext"]["privileged"] is False
+    assert "driver" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+
+
+@pytest.mark.parametrize(
+    ("driver_root", "host_path", "mount_path"),
+    [
+        ("/", "/usr", "/host/driver/usr"),
+        ("/run/nvidia/driver", "/run/nvidia/driver", "/host/driver"),
+    ],
+)
+def test_gpu_cdi_mounts_only_the_driver_root(
+    tmp_path: Path, driver_root: str, host_path: str, mount_path: str
+) -> None:
+    ds = _gpu_render(
+        tmp_path, "  deviceListStrategy: [envvar, cdi-cri]\n", **{"nvidia.driverRoot": driver_root}
+    )
+    c = container(ds)
+    args = c["args"]
+    assert args[args.index("--driver-root") + 1] == "/host/driver"
+    assert args[args.index("--host-driver-root") + 1] == driver_root
+    assert _mounts(ds)[mount_path] == {
+        "name": "driver",
+        "mountPath": mount_path,
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
+    assert _host_path(ds, mount_path) == host_path  # never the host's /
+    paths = [
+        v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v
+    ]
+    assert "/" not in paths
+    env = {e["name"] for e in c["env"]}
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in env
+
+
+def test_gpu_existing_configmap_assumes_mig_and_cdi() -> None:
+    docs = render(values={"nvidia.enabled": "true", "nvidia.existingConfigMap": "my-gpus"})
+    validate_all(docs)
+    c = container(daemonset(docs, "nvidia"))
+    assert {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"} in c["env"]
+    assert "--driver-root" in c["args"]
+
+
+def test_default_configs_are_text_that_set_file_replaces_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert isinstance(values["generic"]["config"], str)
+    assert isinstance(values["nvidia"]["config"], str)
+    (tmp_path / "d.yaml").write_text("version: v1\nresources: []\n")
+    proc = helm(
+        "template", "x", str(CHART), "--set", "nvidia.enabled=true",
+        "--set-file", f"generic.config={tmp_path / 'd.yaml'}",
+        "--set-file", f"nvidia.config={tmp_path / 'd.yaml'}",
+    )  # fmt: skip
+    assert proc.stderr == ""
+
+
+def test_runtime_class_is_set_only_when_asked_and_notes_say_what_to_set() -> None:
+    docs = render(values={"nvidia.enabled": "true", "nvidia.runtimeClassName": "nvidia"})
+    validate_all(docs)
+    assert daemonset(docs, "nvidia")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    notes = helm(
+        "install", "x", str(CHART), "--dry-run", "--set", "nvidia.enabled=true"
+    ).stdout.split("NOTES:", 1)[1]
+    assert "No runtimeClassName" in notes
+    assert "--set nvidia.runtimeClassName=nvidia" in notes
+    notes = helm(
+        "install", "x", str(CHART), "--dry-run", "--set", "nvidia.enabled=true",
+        "--set", "nvidia.runtimeClassName=nvidia",
+    ).stdout.split("NOTES:", 1)[1]  # fmt: skip
+    assert "kubectl get runtimeclass nvidia" in notes
+
+
 def test_gpu_runtime_class_and_security_context_overrides() -> None:
     docs = render(
         values={
             "nvidia.enabled": "true",
-            "nvidia.runtimeClassName": "",
             # the API server refuses privileged without privilege escalation: both are needed
             "nvidia.securityContext.privileged": "true",
             "nvidia.securityContext.allowPrivilegeEscalation": "true",
@@ -280,6 +396,32 @@ def test_metrics_service_and_pod_monitor() -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("nvidia.driverRoot=relative/dir", "driverRoot"),
         ("logLevel=loud", "logLevel"),
+        # 16.12: what would render invalid or unsafe objects
+        ("fullnameOverride=" + "a" * 49, "fullnameOverride"),  # + "-nvidia-metrics" > 63
+        ("nameOverride=" + "a" * 64, "nameOverride"),
+        ("fullnameOverride=1kd", "fullnameOverride"),
+        ("nameOverride=Kube_Device", "nameOverride"),
+        ("podLabels.app\\.kubernetes\\.io/component=x", "app.kubernetes.io/component"),
+        ("podLabels.app\\.kubernetes\\.io/instance=x", "app.kubernetes.io/instance"),
+        ("podLabels.tier=not a label", "podLabels"),
+        ("updateStrategy.type=OnDelete", "updateStrategy"),  # with the default rollingUpdate
+        ("updateStrategy.rollingUpdate.maxSurge=1", "maxSurge"),
+        ("updateStrategy.rollingUpdate.maxSurge=10%", "maxSurge"),
+        ("updateStrategy.rollingUpdate.maxUnavailable=0", "maxUnavailable"),
+        ("image.repository=Registry.io/Kubedevice", "repository"),
+        ("image.repository=kubedevice:1.0", "repository"),
+        ("image.tag=1.0 beta", "tag"),
+        ("devicePluginDir=/", "devicePluginDir"),
+        ("devicePluginDir=//", "devicePluginDir"),
+        ("podResourcesDir=/", "podResourcesDir"),
+        ("nvidia.featuresDir=/", "featuresDir"),
+        ("nvidia.cdiDir=/", "cdiDir"),
+        ("nvidia.cdiDir=/var/../etc", "cdiDir"),
+        ("generic.config=", "generic/config"),
+        ("generic.config=  ", "generic/config"),
+        ("nvidia.config=", "nvidia/config"),
+        ("generic.existingConfigMap=My_Config", "existingConfigMap"),
+        ("nvidia.runtimeClassName=Nvidia Runtime", "runtimeClassName"),
     ],
 )
 def test_schema_refuses_bad_values(setting: str, needle: str) -> None:
@@ -287,6 +429,58 @@ def test_schema_refuses_bad_values(setting: str, needle: str) -> None:
     assert proc.returncode != 0
     assert "values don't meet the specifications of the schema" in proc.stderr
     assert needle in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["devicePluginDir", "podResourcesDir", "nvidia.cdiDir",
+                                 "nvidia.featuresDir", "nvidia.driverRoot"])  # fmt: skip
+def test_schema_refuses_host_paths_with_newlines(key: str) -> None:
+    proc = helm("template", "x", str(CHART), "--set-string", f"{key}=/var/lib/x\n  evil: 1",
+                check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert key.split(".")[-1] in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null"],
+        ["updateStrategy.rollingUpdate.maxUnavailable=25%"],
+        ["fullnameOverride=" + "a" * 48, "metrics.service.enabled=true", "nvidia.enabled=true"],
+        ["podLabels.tier=node", "podLabels.example\\.com/team=infra"],
+        ["image.repository=registry.example.com:5000/infra/kube-device", "image.tag=v1.2.3_rc.1"],
+        ["nvidia.driverRoot=/", "devicePluginDir=/var/lib/kubelet/device-plugins"],
+    ],
+    ids=["on-delete", "percent", "longest-name", "labels", "image", "paths"],
+)
+def test_schema_accepts_valid_values(settings: list[str]) -> None:
+    docs = render(values=dict(s.split("=", 1) for s in settings))
+    validate_all(docs)
+
+
+def test_interpolated_host_paths_are_quoted() -> None:
+    """A path YAML would read as something else (here a number-like or ``:``-bearing
+    one) stays the string given."""
+    docs = render(
+        values={
+            "nvidia.enabled": "true",
+            "nvidia.cdiDir": "/var/run/cdi: x",
+            "nvidia.featuresDir": "/etc/nfd #features",
+            "podResourcesDir": "/var/lib/kubelet/pod-resources",
+            "devicePluginDir": "/var/lib/kubelet/device-plugins",
+        }
+    )
+    ds = daemonset(docs, "nvidia")
+    assert _host_path(ds, "/var/run/cdi") == "/var/run/cdi: x"
+    assert _host_path(ds, "/etc/kubernetes/node-feature-discovery/features.d") == (
+        "/etc/nfd #features"
+    )
+
+
+def test_release_name_starting_with_a_digit_is_refused_for_services() -> None:
+    proc = helm("template", "1x", str(CHART), "--set", "metrics.service.enabled=true",
+                check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "must start with a letter" in proc.stderr
 
 
 def test_static_manifests_validate_and_match_the_chart() -> None:

@@ -31,7 +31,9 @@ async def test_list_and_watch_that_never_sends(emu: Emulator, dp_dir: Path) -> N
     try:
         await emu.wait_for_resource(FOO, allocatable=2)
         start = time.monotonic()
-        report = await inspect_node(dp_dir, emu.pod_resources_socket, timeout=0.5)
+        report = await inspect_node(
+            dp_dir, emu.pod_resources_socket, timeout=0.5, stream_plugins=True
+        )
         assert time.monotonic() - start < 2.0
         by_socket = {p.socket: p for p in report.plugins}
         assert by_socket["silent.sock"].state == "no-answer"

@@ -4,16 +4,17 @@
 {{- end -}}
 
 {{/* Base name of every object: fullnameOverride, else the release name (plus the chart
-name when the release name does not contain it). Components append -nvidia etc. */}}
+name when the release name does not contain it). Components append at most
+"-nvidia-metrics" (15 characters), so the base is cut at 48: every name stays a DNS label. */}}
 {{- define "kubedevice.fullname" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- .Values.fullnameOverride | trunc 48 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- .Release.Name | trunc 48 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 48 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -47,10 +48,33 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- end -}}
 {{- end -}}
 
-{{/* A component's config file text: values may hold YAML (a map) or, from
---set-file, the file's text (a string, used as it is). */}}
+{{/* A component's config file text: values hold the file's text (a string, used as it
+is: the default, or --set-file) or YAML (a map, from a values file). */}}
 {{- define "kubedevice.configText" -}}
 {{- if kindIs "string" . -}}{{ . }}{{- else -}}{{ toYaml . }}{{- end -}}
+{{- end -}}
+
+{{/* What the GPU plugin's config asks of its pod, as JSON: {"mig": bool, "cdi": bool}.
+mig: migStrategy is not none; cdi: a cdi-* deviceListStrategy. From nvidia.config (text or
+map); with an existingConfigMap the chart cannot know, so both are true (as NVIDIA's chart
+assumes for a ConfigMap). Root context. */}}
+{{- define "kubedevice.gpuNeeds" -}}
+{{- $c := .Values.nvidia -}}
+{{- if $c.existingConfigMap -}}
+{{- dict "mig" true "cdi" true | toJson -}}
+{{- else -}}
+{{- $doc := $c.config -}}
+{{- if kindIs "string" $doc -}}{{- $doc = fromYaml $doc -}}{{- end -}}
+{{- $flags := dict -}}
+{{- if kindIs "map" $doc -}}{{- $flags = $doc.flags | default dict -}}{{- end -}}
+{{- if not (kindIs "map" $flags) -}}{{- $flags = dict -}}{{- end -}}
+{{- $mig := ne (toString ($flags.migStrategy | default "none")) "none" -}}
+{{- $strategies := $flags.deviceListStrategy | default "envvar" -}}
+{{- if not (kindIs "slice" $strategies) -}}{{- $strategies = list $strategies -}}{{- end -}}
+{{- $cdi := false -}}
+{{- range $strategies -}}{{- if hasPrefix "cdi-" (toString .) -}}{{- $cdi = true -}}{{- end -}}{{- end -}}
+{{- dict "mig" $mig "cdi" $cdi | toJson -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The DaemonSet's metadata and selector, and its pod template's labels:
@@ -65,8 +89,13 @@ spec:
   selector:
     matchLabels:
       {{- include "kubedevice.selectorLabels" . | nindent 6 }}
+  {{- $strategy := .root.Values.updateStrategy }}
   updateStrategy:
-    {{- toYaml .root.Values.updateStrategy | nindent 4 }}
+    type: {{ $strategy.type }}
+    {{- with $strategy.rollingUpdate }}
+    rollingUpdate:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
 {{- end -}}
 
 {{/* A component's pod labels (the selector's, the usual ones, podLabels): (dict "root" $
@@ -155,15 +184,15 @@ resources:
 {{- $c := index .root.Values .component -}}
 - name: device-plugins
   hostPath:
-    path: {{ .root.Values.devicePluginDir }}
+    path: {{ .root.Values.devicePluginDir | quote }}
     type: Directory
 - name: host-dev
   hostPath:
-    path: /dev
+    path: "/dev"
     type: Directory
 - name: host-sys
   hostPath:
-    path: /sys
+    path: "/sys"
     type: Directory
 - name: config
   configMap:

@@ -12,13 +12,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
+from kubedevice import __version__
 from kubedevice.errors import ConfigError
 from kubedevice.plugin.config import validate_resource_name
 
 __all__ = [
     "CONTENT_TYPE",
+    "USER_AGENT",
     "PatchRequest",
     "build_patch",
     "escape_pointer",
@@ -27,6 +29,7 @@ __all__ = [
 ]
 
 CONTENT_TYPE = "application/json-patch+json"
+USER_AGENT = f"kubedevice/{__version__}"
 #: The API server caps quantities at the int64 maximum.
 _MAX_COUNT = 2**63 - 1
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -75,12 +78,32 @@ class PatchRequest:
         return f"/api/v1/nodes/{quote(self.node, safe='')}/status"
 
     def body(self) -> str:
-        """The body exactly as the Kubernetes client serialises it (``json.dumps``)."""
+        """The JSON body (``json.dumps`` of the operations)."""
         return json.dumps(list(self.operations))
 
-    def render(self, host: str) -> str:
-        """The request as text: request line, Content-Type, blank line, body."""
-        return f"PATCH {host.rstrip('/')}{self.path}\nContent-Type: {CONTENT_TYPE}\n\n{self.body()}"
+    def url(self, server: str) -> str:
+        """The full URL on ``server`` (which may carry a path prefix)."""
+        return server.rstrip("/") + self.path
+
+    def headers(self, server: str, authorization: str) -> list[tuple[str, str]]:
+        """Every header sent, in order (the Authorization header only when ``authorization``
+        is not empty)."""
+        out = [
+            ("Host", urlsplit(server).netloc),
+            ("User-Agent", USER_AGENT),
+            ("Accept", "application/json"),
+            ("Content-Type", CONTENT_TYPE),
+            ("Content-Length", str(len(self.body().encode()))),
+        ]
+        if authorization:
+            out.append(("Authorization", authorization))
+        return out
+
+    def render(self, server: str, authorization: str) -> str:
+        """The request as text: ``PATCH URL``, every header, a blank line, the body."""
+        lines = [f"PATCH {self.url(server)}"]
+        lines += [f"{k}: {v}" for k, v in self.headers(server, authorization)]
+        return "\n".join([*lines, "", self.body()])
 
 
 def build_patch(node: str, add: Sequence[str], remove: Sequence[str]) -> PatchRequest:

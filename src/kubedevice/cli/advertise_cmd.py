@@ -19,14 +19,24 @@ __all__ = ["COMMANDS"]
 @click.option(
     "--remove", "remove", multiple=True, metavar="RESOURCE", help="Remove RESOURCE (repeatable)."
 )
-@click.option("--dry-run", is_flag=True, help="Print the exact HTTP request; send nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the request (URL, every header, body); send nothing, load no credentials.",
+)
 @click.option(
     "--kubeconfig",
     default=None,
     help="Kubeconfig file [default: $KUBECONFIG, ~/.kube/config, in-cluster].",
 )
 @click.option("--context", default=None, help="Kubeconfig context [default: the current one].")
-@click.option("--timeout", type=click.FloatRange(0.1, 300), default=30.0, show_default=True)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0.1, 300),
+    default=30.0,
+    show_default=True,
+    help="Seconds for the whole request: connect, send, and the complete answer.",
+)
 def advertise_command(
     node: str,
     resources: tuple[str, ...],
@@ -40,21 +50,20 @@ def advertise_command(
 
     Sends PATCH /api/v1/nodes/NODE/status (application/json-patch+json) with an "add" of
     /status/capacity/<resource> per RESOURCE=COUNT and a "remove" per --remove, using the
-    official Kubernetes client. Example: kubedevice advertise node-1 example.com/dongle=4
+    credentials of the kubeconfig (or the pod's service account). A running kubelet copies
+    capacity to allocatable at its next status update; without one, allocatable is not
+    changed. Example: kubedevice advertise node-1 example.com/dongle=4
     """
-    from kubedevice.advertise import api_host, build_patch, load_client, send
+    from kubedevice.advertise import build_patch, load_connection, read_target, send
 
     try:
         request = build_patch(node, resources, remove)
         if dry_run:
-            try:
-                host = api_host(load_client(kubeconfig, context))
-            except KubeDeviceError as exc:
-                click.echo(f"note: {exc} (the API server's address is left out)", err=True)
-                host = ""
-            click.echo(request.render(host))
+            # plain file reads: no credential plugin runs, nothing is written or sent
+            target = read_target(kubeconfig, context)
+            click.echo(request.render(target.server, target.authorization))
             return
-        capacity = send(load_client(kubeconfig, context), request, timeout)
+        capacity = send(load_connection(kubeconfig, context), request, timeout)
     except KubeDeviceError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None

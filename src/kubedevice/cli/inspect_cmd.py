@@ -20,6 +20,13 @@ __all__ = ["COMMANDS"]
 
 _DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
+_STREAM_WARNING = (
+    "warning: --list-and-watch opens a second ListAndWatch stream on every plugin. Plugins "
+    "built on the upstream Go stub (NVIDIA's among them) feed all their streams from one "
+    "update channel and never end a stream whose client left: after this run the kubelet "
+    "can miss health updates from them (about every other one) until the plugin restarts."
+)
+
 
 @click.command("inspect")
 @click.option(
@@ -47,22 +54,38 @@ _DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
     type=click.FloatRange(0.1, 60),
     default=2.0,
     show_default=True,
-    help="Seconds each socket gets to answer.",
+    help="Seconds each socket (and each PodResources call) gets to answer.",
+)
+@click.option(
+    "--list-and-watch",
+    "list_and_watch",
+    is_flag=True,
+    help="Also open a ListAndWatch stream on each plugin for its own device list (health "
+    "as the plugin sees it, NUMA). Off by default: see the warning it prints.",
 )
 def inspect_command(
-    device_plugin_dir: str | None, pod_resources_socket: str | None, output: str, timeout: float
+    device_plugin_dir: str | None,
+    pod_resources_socket: str | None,
+    output: str,
+    timeout: float,
+    list_and_watch: bool,
 ) -> None:
     """Inspect a node's device plugins (read-only; works on the emulator and a real kubelet).
 
-    Dials every plugin socket (options, first ListAndWatch list: devices, health, NUMA), reads
-    kubelet_internal_checkpoint and verifies its checksum, and maps devices to pods with
-    PodResources List and GetAllocatableResources. Flags sockets that do not answer, stale
-    socket files, Unhealthy devices, a checksum mismatch, and devices the checkpoint holds for
-    pods PodResources no longer lists.
+    Reads the kubelet's own view: kubelet_internal_checkpoint (its checksum verified; the
+    healthy devices at the kubelet's last write, and the allocations) and PodResources List
+    and GetAllocatableResources (healthy devices, NUMA, which pod holds what). Each plugin
+    socket is only dialled to tell a live plugin from a stale socket file (connect,
+    GetDevicePluginOptions). Flags sockets that do not answer, stale socket files,
+    resources without healthy devices, a checksum mismatch, and devices the checkpoint
+    holds for pods PodResources no longer lists.
 
     Exit status: 0 nothing wrong, 1 problems flagged, 2 an input could not be read.
     """
-    from kubedevice.inspect import inspect_node, to_json, to_text
+    from kubedevice.inspect import inspect_node, safe, to_json, to_text
+
+    if list_and_watch:
+        click.echo(_STREAM_WARNING, err=True)
 
     # Absolute: gRPC's unix:// target does not take a relative path.
     dp_dir = Path(os.path.abspath(device_plugin_dir or DEFAULT_DEVICE_PLUGIN_DIR))
@@ -70,13 +93,15 @@ def inspect_command(
         pr_socket = Path(os.path.normpath(dp_dir / ".." / "pod-resources" / "kubelet.sock"))
     else:
         pr_socket = Path(os.path.abspath(pod_resources_socket))
-    report = asyncio.run(inspect_node(dp_dir, pr_socket, timeout=timeout))
+    report = asyncio.run(
+        inspect_node(dp_dir, pr_socket, timeout=timeout, stream_plugins=list_and_watch)
+    )
     if output == "json":
         click.echo(json.dumps(to_json(report), indent=2))
     else:
         click.echo(to_text(report))
     for error in report.input_errors:
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"error: {safe(error)}", err=True)
     if report.input_errors:
         raise SystemExit(2)
     if report.findings:

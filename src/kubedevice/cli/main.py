@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "nvidia": "nvidia_cmd",
     "inspect": "inspect_cmd",
     "advertise": "advertise_cmd",
+    "examples": "examples_cmd",
 }
 
 

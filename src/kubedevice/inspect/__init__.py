@@ -9,7 +9,7 @@ the plugin side and the kubelet side (import-linter checks it); it shares only
 from kubedevice.inspect.checkpoint import Checkpoint, CheckpointAllocation, read_checkpoint
 from kubedevice.inspect.node import Finding, NodeReport, inspect_node
 from kubedevice.inspect.probe import PluginProbe
-from kubedevice.inspect.render import to_json, to_text
+from kubedevice.inspect.render import safe, to_json, to_text
 
 __all__ = [
     "Checkpoint",
@@ -19,6 +19,7 @@ __all__ = [
     "PluginProbe",
     "inspect_node",
     "read_checkpoint",
+    "safe",
     "to_json",
     "to_text",
 ]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubedevice._regular_file import read_regular
 from kubedevice.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointAllocation", "read_checkpoint"]
@@ -162,16 +163,20 @@ def read_checkpoint(path: Path) -> Checkpoint:
     Raises:
         CheckpointError: The file is not a checkpoint (not JSON, wrong shape); the message
             names what is wrong. A checksum mismatch is *not* an error (see ``checksum_ok``).
+        NotRegularFileError: It is a FIFO, socket, device node or symlink (never opened).
         OSError: It cannot be read (missing, permission denied).
     """
-    with path.open("rb") as f:
-        raw = f.read(_MAX_BYTES + 1)
+    raw = read_regular(path, _MAX_BYTES)
     if len(raw) > _MAX_BYTES:
         raise CheckpointError(f"{path}: larger than {_MAX_BYTES} bytes, not a checkpoint")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+        why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        why = why.split("; use sys.set_int_max_str_digits")[0]  # Python's hint, not ours
+        raise CheckpointError(f"{path}: not valid JSON ({why})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not a checkpoint (nested too deeply)") from None
     if not isinstance(doc, dict):
         raise CheckpointError(f"{path}: not a JSON object")
     data = doc.get("Data")

@@ -10,6 +10,7 @@ import grpc
 from grpc import aio
 
 from kubedevice._api import pr, pr_grpc
+from kubedevice.inspect.probe import numa_counts
 
 __all__ = ["AssignedDevices", "PodResourcesView", "read_pod_resources"]
 
@@ -31,8 +32,11 @@ class PodResourcesView:
 
     socket: Path
     assigned: list[AssignedDevices] = field(default_factory=list)
-    #: resource -> allocatable device IDs (``None``: the call failed or is not served)
+    #: resource -> allocatable device IDs: the kubelet's healthy devices, those in use
+    #: included (``None``: the call failed or is not served)
     allocatable: dict[str, list[str]] | None = None
+    #: resource -> device count per NUMA node ("none": no topology), from the same answer
+    allocatable_numa: dict[str, dict[str, int]] = field(default_factory=dict)
     list_error: str | None = None
     allocatable_error: str | None = None
     seconds: float = 0.0
@@ -52,7 +56,12 @@ def _error(rpc: str, exc: aio.AioRpcError, timeout: float) -> str:
 
 
 async def read_pod_resources(socket: Path, timeout: float) -> PodResourcesView:  # noqa: ASYNC109
-    """Call ``List`` and ``GetAllocatableResources`` on ``socket``, each bounded."""
+    """Call ``List`` and ``GetAllocatableResources`` on ``socket``, each bounded by ``timeout``.
+
+    A ``List`` that gets no answer in time is not followed by ``GetAllocatableResources``
+    (a server that does not answer one will not answer the other): the whole read then
+    takes ``timeout``, and each error names the configured timeout.
+    """
     start = time.monotonic()
     view = PodResourcesView(socket)
     options = [("grpc.max_receive_message_length", 16 * 1024 * 1024), ("grpc.enable_retries", 0)]
@@ -73,16 +82,25 @@ async def read_pod_resources(socket: Path, timeout: float) -> PodResourcesView: 
                         )
         except aio.AioRpcError as exc:
             view.list_error = _error("List", exc, timeout)
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                view.allocatable_error = "GetAllocatableResources: not asked (List got no answer)"
+                view.seconds = time.monotonic() - start
+                return view
         try:
-            left = max(0.05, timeout - (time.monotonic() - start))
             alloc = await stub.GetAllocatableResources(
-                pr.AllocatableResourcesRequest(), timeout=left
+                pr.AllocatableResourcesRequest(), timeout=timeout
             )
-            per_resource: dict[str, dict[str, None]] = {}
-            for d in alloc.devices:  # a device on two NUMA nodes is listed twice
-                per_resource.setdefault(d.resource_name, {}).update(dict.fromkeys(d.device_ids))
+            per_resource: dict[str, dict[str, set[int]]] = {}
+            for d in alloc.devices:  # a device on two NUMA nodes may be listed twice
+                nodes = {n.ID for n in d.topology.nodes} if d.HasField("topology") else set()
+                for i in d.device_ids:
+                    per_resource.setdefault(d.resource_name, {}).setdefault(i, set()).update(nodes)
             view.allocatable = {k: list(v) for k, v in per_resource.items()}
+            view.allocatable_numa = {
+                k: numa_counts(tuple(sorted(n)) for n in v.values())
+                for k, v in per_resource.items()
+            }
         except aio.AioRpcError as exc:
-            view.allocatable_error = _error("GetAllocatableResources", exc, left)
+            view.allocatable_error = _error("GetAllocatableResources", exc, timeout)
     view.seconds = time.monotonic() - start
     return view

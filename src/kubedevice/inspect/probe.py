@@ -1,9 +1,13 @@
-"""Dial device plugin sockets read-only: options and the first ListAndWatch list, bounded.
+"""Dial device plugin sockets read-only: live or stale, and the plugin's options; bounded.
 
 Each socket is first connected to plainly (a refused connection means a stale socket file,
-nothing listening), then asked ``GetDevicePluginOptions`` and for the first
-``ListAndWatch`` message, all within one deadline. Nothing is sent that changes a plugin's
-state: no Allocate, no PreStartContainer, no Register.
+nothing listening), then asked ``GetDevicePluginOptions``, within one deadline. Nothing is
+sent that changes a plugin's state: no Allocate, no PreStartContainer, no Register.
+
+A ``ListAndWatch`` stream is opened only when asked (``stream=True``): plugins built on the
+upstream Go stub (``pkg/kubelet/cm/devicemanager/plugin/v1beta1``), NVIDIA's among them, feed
+every stream from one shared update channel and never end a stream whose client went away,
+so a stream of ours left behind takes every other update meant for the kubelet's stream.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import errno
 import socket
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -21,7 +26,7 @@ from grpc import aio
 
 from kubedevice._api import HEALTHY, KUBELET_MAX_RECV_MESSAGE_BYTES, dp, dp_grpc
 
-__all__ = ["DeviceInfo", "PluginProbe", "bounded", "probe_socket", "unix_state"]
+__all__ = ["DeviceInfo", "PluginProbe", "bounded", "numa_counts", "probe_socket", "unix_state"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +48,8 @@ class PluginProbe:
     detail: str = ""
     pre_start_required: bool | None = None
     get_preferred_allocation_available: bool | None = None
-    devices: list[DeviceInfo] = field(default_factory=list)
+    #: The first ListAndWatch list; ``None`` when no stream was opened (the default).
+    devices: list[DeviceInfo] | None = None
     seconds: float = 0.0
     #: The resource this socket serves, inferred from the kubelet's view (sockets carry no name).
     resource: str | None = None
@@ -51,21 +57,26 @@ class PluginProbe:
     @property
     def health(self) -> Counter[str]:
         """Device count per health string."""
-        return Counter(d.health for d in self.devices)
+        return Counter(d.health for d in self.devices or ())
 
     @property
     def unhealthy(self) -> list[str]:
         """IDs of devices that are not ``Healthy``."""
-        return [d.id for d in self.devices if d.health != HEALTHY]
+        return [d.id for d in self.devices or () if d.health != HEALTHY]
 
     @property
     def numa(self) -> dict[str, int]:
         """Device count per NUMA node ("none" for devices without topology)."""
-        counts: Counter[str] = Counter()
-        for d in self.devices:
-            for node in d.numa or ("none",):
-                counts[str(node)] += 1
-        return dict(sorted(counts.items()))
+        return numa_counts(d.numa for d in self.devices or ())
+
+
+def numa_counts(nodes_per_device: Iterable[tuple[int, ...]]) -> dict[str, int]:
+    """Device count per NUMA node ("none" for a device without topology), sorted."""
+    counts: Counter[str] = Counter()
+    for nodes in nodes_per_device:
+        for node in nodes or ("none",):
+            counts[str(node)] += 1
+    return dict(sorted(counts.items()))
 
 
 def _connect_state(path: str) -> tuple[str, str]:
@@ -96,8 +107,12 @@ async def unix_state(path: Path) -> tuple[str, str]:
     return await asyncio.to_thread(_connect_state, str(path))
 
 
-async def probe_socket(path: Path, timeout: float) -> PluginProbe:  # noqa: ASYNC109
-    """Probe one plugin socket; never takes (much) longer than ``timeout`` seconds."""
+async def probe_socket(path: Path, timeout: float, *, stream: bool = False) -> PluginProbe:  # noqa: ASYNC109
+    """Probe one plugin socket; never takes (much) longer than ``timeout`` seconds.
+
+    ``stream``: also read the first ListAndWatch message (see the module's note on why
+    this is off by default).
+    """
     start = time.monotonic()
     result = PluginProbe(socket=path.name, state="ok")
     state, detail = await unix_state(path)
@@ -119,6 +134,9 @@ async def probe_socket(path: Path, timeout: float) -> PluginProbe:  # noqa: ASYN
             )
             result.pre_start_required = opts.pre_start_required
             result.get_preferred_allocation_available = opts.get_preferred_allocation_available
+            if not stream:
+                result.seconds = time.monotonic() - start
+                return result
             stage = "ListAndWatch"
             call = stub.ListAndWatch(dp.Empty(), timeout=max(0.01, deadline - time.monotonic()))
             try:
@@ -154,10 +172,10 @@ async def probe_socket(path: Path, timeout: float) -> PluginProbe:  # noqa: ASYN
     return result
 
 
-async def bounded(limit_s: float, path: Path) -> PluginProbe:
+async def bounded(limit_s: float, path: Path, *, stream: bool = False) -> PluginProbe:
     """``probe_socket`` with a hard outer bound (a last guard against any hang)."""
     try:
         async with asyncio.timeout(limit_s + 1.0):
-            return await probe_socket(path, limit_s)
+            return await probe_socket(path, limit_s, stream=stream)
     except TimeoutError:
         return PluginProbe(path.name, "no-answer", f"no answer within {limit_s:g} s")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -20,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubedevice._regular_file import open_regular
 from kubedevice.errors import CheckpointError
 
 __all__ = [
+    "MAX_CHECKPOINT_BYTES",
     "CheckpointData",
     "CheckpointEntry",
     "CheckpointWriter",
@@ -32,6 +35,9 @@ __all__ = [
     "render_for_hash",
     "write_atomic",
 ]
+
+#: A checkpoint larger than this is refused unread (the kubelet's are kilobytes).
+MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024
 
 _FNV_OFFSET = 0x811C9DC5
 _FNV_PRIME = 0x01000193
@@ -198,7 +204,10 @@ def loads(raw: bytes) -> CheckpointData:
         raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
     except ValueError as exc:  # JSONDecodeError, or an integer of thousands of digits
         why = str(exc).splitlines()[0][:200]
+        why = why.split("; use sys.set_int_max_str_digits")[0]  # Python's hint, not ours
         raise CheckpointError(f"checkpoint is not valid JSON (e.g. its Checksum): {why}") from exc
+    except RecursionError:
+        raise CheckpointError("checkpoint is not a checkpoint: nested too deeply") from None
     if not isinstance(doc, dict):
         raise CheckpointError("checkpoint is not a JSON object")
     body = doc.get("Data")
@@ -381,9 +390,12 @@ class CheckpointWriter:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` (mode 0600): ``.``-prefixed temp file in the same
-    dir, then rename, so a reader sees the old or the new content, never a part."""
+    dir, then rename, so a reader sees the old or the new content, never a part. Whatever
+    sits at the temp path (a planted FIFO included) is removed first, never opened."""
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, data)
     finally:

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from kubedevice._api import CHECKPOINT_FILE, DIAL_TIMEOUT_S, KUBELET_SOCKET
+from kubedevice._regular_file import NotRegularFileError, open_regular, read_regular
 from kubedevice.errors import AdmissionError, CheckpointError, EmulatorError, ManifestError
 from kubedevice.kubelet.admission import POLICIES, SCOPES, Admitter, StartResult
 from kubedevice.kubelet.checkpoint import CheckpointWriter, write_atomic
@@ -50,6 +51,9 @@ from kubedevice.kubelet.types import (
 __all__ = ["Emulator"]
 
 log = logging.getLogger(__name__)
+
+#: A pod journal larger than this is not replayed (each pod is a few hundred bytes).
+_MAX_JOURNAL_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -232,10 +236,7 @@ class Emulator:
         try:
             data = m.read_checkpoint(self.checkpoint_path)
         except CheckpointError as exc:
-            aside = self.checkpoint_path.with_name(
-                f"{CHECKPOINT_FILE}.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
-                f"-{time.time_ns() % 1_000_000_000:09d}"
-            )
+            aside = _aside_name(self.checkpoint_path)
             with contextlib.suppress(OSError):
                 os.replace(self.checkpoint_path, aside)
             msg = f"{exc}; moved aside to {aside.name}, starting empty"
@@ -461,15 +462,28 @@ class Emulator:
                         "which is unexpected",
                     )
 
-    def _gc_allocations(self) -> None:
+    def _gc_allocations(self, why: str = "its pod is not known to the emulator") -> None:
         # Allocations of pods that are not (or no longer) known, e.g. restored from a
         # checkpoint without their pod, are garbage-collected at admission like the kubelet.
+        # Each released entry is logged: a checkpoint from a real kubelet holds pods the
+        # emulator never saw, and its allocations must not vanish unsaid.
         m = self._m
         if len(m.pod_devices) <= len(self._pods) and self._gc_clean:
             return
         live = {p.spec.uid for p in self._pods.values()}
         for uid in list(m.pod_devices):
             if uid not in live:
+                for container, per_resource in sorted(m.pod_devices[uid].items()):
+                    for resource, alloc in sorted(per_resource.items()):
+                        log.warning(
+                            "releasing the checkpoint's allocation of pod UID %s container "
+                            "%s: %s %s (%s)",
+                            uid,
+                            container,
+                            resource,
+                            ",".join(alloc.device_ids) or "no devices",
+                            why,
+                        )
                 m.remove_pod(uid)
         self._gc_clean = True
 
@@ -488,7 +502,7 @@ class Emulator:
         if self._journal is None:
             return
         try:
-            fd = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = open_regular(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.fchmod(fd, 0o600)  # also a journal an older version left world-readable
                 os.write(fd, (json.dumps(record) + "\n").encode())
@@ -501,8 +515,29 @@ class Emulator:
         if self._journal is None or self._pods:
             return
         try:
-            raw = self._journal.read_bytes()
-        except OSError:
+            raw = read_regular(self._journal, _MAX_JOURNAL_BYTES)
+        except FileNotFoundError:
+            return
+        except NotRegularFileError as exc:
+            aside = _aside_name(self._journal)
+            with contextlib.suppress(OSError):
+                os.replace(self._journal, aside)
+            log.error(
+                "pod journal %s is %s; moved aside to %s, starting with no pods",
+                self._journal,
+                exc.strerror,
+                aside.name,
+            )
+            return
+        except OSError as exc:
+            log.error("cannot read pod journal, starting with no pods: %s", exc)
+            return
+        if len(raw) > _MAX_JOURNAL_BYTES:
+            log.error(
+                "pod journal %s is larger than %d bytes; starting with no pods",
+                self._journal,
+                _MAX_JOURNAL_BYTES,
+            )
             return
         pods: dict[str, _Pod] = {}
         for n, line in enumerate(raw.splitlines(), 1):
@@ -544,7 +579,7 @@ class Emulator:
         if self._journal is None:
             return
         self._gc_clean = False
-        self._gc_allocations()
+        self._gc_allocations("not in the pod journal")
         m = self._m
         for p in self._pods.values():
             for c in p.spec.containers:
@@ -598,6 +633,14 @@ class Emulator:
         if op == "events":
             return [to_jsonable(e) for e in self.events]
         raise EmulatorError(f"unknown control op {op!r}")
+
+
+def _aside_name(path: Path) -> Path:
+    """Where a damaged state file is moved: ``NAME.corrupt-<UTC time>-<ns>``, same dir."""
+    return path.with_name(
+        f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        f"-{time.time_ns() % 1_000_000_000:09d}"
+    )
 
 
 def _spec_to_json(p: _Pod) -> dict[str, Any]:

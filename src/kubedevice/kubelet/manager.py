@@ -339,14 +339,19 @@ class DeviceManager:
     @staticmethod
     def read_checkpoint(path: Path) -> CheckpointData | None:
         """The checkpoint at ``path``; None if absent. ``CheckpointError`` if unreadable."""
-        from kubedevice.kubelet.checkpoint import loads
+        from kubedevice._regular_file import NotRegularFileError, read_regular
+        from kubedevice.kubelet.checkpoint import MAX_CHECKPOINT_BYTES, loads
 
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path, MAX_CHECKPOINT_BYTES)
         except FileNotFoundError:
             return None
+        except NotRegularFileError as exc:
+            raise CheckpointError(f"{path} is {exc.strerror}") from None
         except OSError as exc:
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        if len(raw) > MAX_CHECKPOINT_BYTES:
+            raise CheckpointError(f"{path} is larger than {MAX_CHECKPOINT_BYTES} bytes")
         return loads(raw)
 
     # ------------------------------------------------------------------ allocations

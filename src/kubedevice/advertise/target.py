@@ -1,0 +1,106 @@
+"""Where ``advertise`` would send its request and how it would authenticate, read without
+running anything: the kubeconfig is parsed as plain YAML, no credential plugin (``exec``,
+``auth-provider``) is run and no file is written. A dry run needs only this.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from kubedevice.errors import ConfigError
+
+__all__ = ["IN_CLUSTER_TOKEN", "Target", "kubeconfig_path", "read_target"]
+
+#: The service-account token file of a pod.
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The API server and the kind of credentials a kubeconfig (or a pod) names."""
+
+    server: str
+    #: Where this came from: the kubeconfig path, or "in-cluster service account".
+    source: str
+    #: How the Authorization header would be made, in words ("" when none is sent).
+    authorization: str
+
+
+def kubeconfig_path(kubeconfig: str | None) -> str | None:
+    """The kubeconfig to use: ``--kubeconfig``, the first of ``$KUBECONFIG``, or
+    ``~/.kube/config`` when it exists; ``None`` for in-cluster. ConfigError if none."""
+    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+    if path is not None:
+        if not os.path.exists(path):
+            raise ConfigError(f"kubeconfig {path} does not exist")
+        return path
+    default = os.path.expanduser("~/.kube/config")
+    if os.path.exists(default):
+        return default
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    raise ConfigError(
+        f"no kubeconfig ({default} does not exist): give --kubeconfig or set KUBECONFIG"
+    )
+
+
+def _named(doc: dict[str, Any], key: str, name: str, path: str) -> dict[str, Any]:
+    for entry in doc.get(key) or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            inner = entry.get(key.rstrip("s"))
+            return inner if isinstance(inner, dict) else {}
+    raise ConfigError(f"kubeconfig {path}: no {key.rstrip('s')} named {name!r}")
+
+
+def _auth_words(user: dict[str, Any], name: str) -> str:
+    if user.get("token") or user.get("tokenFile"):
+        return f"Bearer <the token of kubeconfig user {name!r}>"
+    if isinstance(user.get("exec"), dict):
+        command = str(user["exec"].get("command", "?"))
+        return f"Bearer <a token from the exec plugin {command!r}, not run in a dry run>"
+    if isinstance(user.get("auth-provider"), dict):
+        provider = str(user["auth-provider"].get("name", "?"))
+        return f"Bearer <a token from the {provider!r} auth provider, not refreshed in a dry run>"
+    if user.get("username"):
+        return f"Basic <the password of kubeconfig user {name!r}>"
+    return ""
+
+
+def read_target(kubeconfig: str | None, context: str | None) -> Target:
+    """The API server and credential kind, from the kubeconfig or the pod's environment.
+
+    Reads files only; ConfigError naming the file and field when something is missing.
+    """
+    path = kubeconfig_path(kubeconfig)
+    if path is None:
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        host = f"[{host}]" if ":" in host else host
+        return Target(
+            f"https://{host}:{port}",
+            "in-cluster service account",
+            f"Bearer <the token in {IN_CLUSTER_TOKEN}>",
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"cannot read kubeconfig {path}: {first}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"kubeconfig {path}: not a kubeconfig (expected a map)")
+    name = context or doc.get("current-context")
+    if not name:
+        raise ConfigError(f"kubeconfig {path}: no current-context; give --context")
+    ctx = _named(doc, "contexts", str(name), path)
+    cluster = _named(doc, "clusters", str(ctx.get("cluster", "")), path)
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server:
+        raise ConfigError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
+    user_name = str(ctx.get("user", ""))
+    user = _named(doc, "users", user_name, path) if user_name else {}
+    return Target(server, path, _auth_words(user, user_name))

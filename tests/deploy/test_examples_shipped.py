@@ -1,0 +1,58 @@
+"""The example files shipped in the package (``kubedevice examples``) are the repository's own:
+the plain manifests in deploy/ and the generic plugin's configs in examples/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from deploy.render import ROOT
+from kubedevice.cli.examples_cmd import shipped
+from kubedevice.generic import parse_config
+
+SOURCES = {
+    "kubedevice.yaml": ROOT / "deploy" / "kubedevice.yaml",
+    "kubedevice-nvidia.yaml": ROOT / "deploy" / "kubedevice-nvidia.yaml",
+    **{
+        p.name: p
+        for p in sorted((ROOT / "examples").glob("*.yaml"))
+        if p.name != "pod-counter.yaml"
+    },
+}
+
+
+def test_every_shipped_file_is_its_source_byte_for_byte() -> None:
+    files = shipped()
+    assert sorted(files) == sorted(SOURCES)
+    for name, source in SOURCES.items():
+        assert files[name] == source.read_text(), (
+            f"src/kubedevice/examples/{name} differs from {source.relative_to(ROOT)}: copy it"
+        )
+
+
+@pytest.mark.parametrize("name", sorted(n for n in SOURCES if not n.startswith("kubedevice")))
+def test_shipped_configs_are_valid(name: str) -> None:
+    parse_config(yaml.safe_load(shipped()[name]), name)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kubedevice", "examples", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_command_lists_and_prints() -> None:
+    proc = _cli()
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == sorted(SOURCES)
+    proc = _cli("kubedevice.yaml")
+    assert proc.returncode == 0
+    assert proc.stdout == SOURCES["kubedevice.yaml"].read_text()
+    proc = _cli("nope.yaml")
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: no example named 'nope.yaml'; one of: ")
