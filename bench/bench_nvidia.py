@@ -10,10 +10,15 @@ and the kubelet emulator in this process (real gRPC over Unix sockets):
   ``--xids``; each GPU recovers after a 20 ms quiet period before the next one);
 * GetPreferredAllocation of 4 out of 8 GPUs over the plugin's socket (p50/p99);
 * CPU the daemon uses while idle (event thread blocked, the kubelet's stream open) over
-  ``--idle-seconds`` (60 by default), and its RSS.
+  ``--idle-seconds`` (60 by default), and its RSS;
+* SIGTERM -> exit (median and max of ``--sigterm-runs``) of ``nvidia run --nvml real``
+  on the stand-in pynvml of the tests (``tests/nvidia/stand_in_pynvml.py``, 8 GPUs),
+  whose ``nvmlEventSetWait`` blocks like the real one: nothing wakes it, so the daemon
+  must exit without waiting for it (500 ms per wait slice before this was measured).
 
 Targets: start to registered <= 400 ms, XID -> Unhealthy p99 <= 100 ms,
-GetPreferredAllocation <= 5 ms, idle CPU <= 30 ms per 60 s, RSS <= 50 MB.
+GetPreferredAllocation <= 5 ms, idle CPU <= 30 ms per 60 s, RSS <= 50 MB,
+SIGTERM -> exit <= 100 ms.
 """
 
 from __future__ import annotations
@@ -57,7 +62,9 @@ class Host:
         self.config = self.root / "gpu.yaml"
         self.config.write_text(CONFIG)
 
-    async def spawn(self) -> asyncio.subprocess.Process:
+    async def spawn(
+        self, nvml: str = f"fake:{MACHINE}", env: dict[str, str] | None = None
+    ) -> asyncio.subprocess.Process:
         args = [
             KUBEDEVICE,
             "--log-level",
@@ -67,7 +74,7 @@ class Host:
             "--config",
             str(self.config),
             "--nvml",
-            f"fake:{MACHINE}",
+            nvml,
             "--device-plugin-dir",
             str(self.dp),
             "--dev-root",
@@ -81,7 +88,7 @@ class Host:
             "--pod-resources-socket",
             str(self.root / "none.sock"),
         ]
-        env = {**os.environ, "KUBEDEVICE_FAKE_NVML_CONTROL": str(self.control)}
+        env = {**(env or os.environ), "KUBEDEVICE_FAKE_NVML_CONTROL": str(self.control)}
         return await asyncio.create_subprocess_exec(
             *args, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
         )
@@ -115,6 +122,48 @@ async def bench_startup(runs: int) -> dict[str, float]:
     return {
         "start_to_registered_ms_median": statistics.median(samples),
         "start_to_registered_ms_max": max(samples),
+    }
+
+
+_TESTS = Path(__file__).resolve().parent.parent / "tests" / "nvidia"
+_STAND_IN = """\
+import sys
+sys.path.insert(0, {tests!r})
+from stand_in_pynvml import GpuSpec, make_module
+sys.modules["pynvml"] = make_module(
+    [GpuSpec(uuid=f"GPU-0000000{{i}}-1111-2222-3333-444444444444",
+             bus=f"00000000:{{0x18 + i:02x}}:00.0", minor=i) for i in range(8)]
+)
+"""
+
+
+async def bench_sigterm(runs: int) -> dict[str, float]:
+    """SIGTERM -> exit of ``nvidia run --nvml real`` on the stand-in pynvml (ms)."""
+    tests = _TESTS
+    samples: list[float] = []
+    for _ in range(runs):
+        host = Host()
+        shim = host.root / "shim"
+        shim.mkdir()
+        (shim / "pynvml.py").write_text(_STAND_IN.format(tests=str(tests)))
+        try:
+            async with Emulator(host.dp, control_socket=False) as emu:
+                env = {**os.environ, "PYTHONPATH": str(shim)}
+                proc = await host.spawn(nvml="real", env=env)
+                try:
+                    await emu.wait_for_resource(GPU, allocatable=8, timeout=15)
+                    await asyncio.sleep(0.3)  # the event thread is in its NVML wait by now
+                    t0 = time.monotonic()
+                    proc.terminate()
+                    await proc.wait()
+                    samples.append((time.monotonic() - t0) * 1000)
+                finally:
+                    await stop_process(proc)
+        finally:
+            host.close()
+    return {
+        "sigterm_to_exit_ms_median": statistics.median(samples),
+        "sigterm_to_exit_ms_max": max(samples),
     }
 
 
@@ -190,12 +239,14 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": f"fake:{MACHINE} (8 GPUs)"}
     out.update(await bench_startup(args.startup_runs))
     out.update(await bench_daemon(args.xids, args.preferred, args.idle_seconds))
+    out.update(await bench_sigterm(args.sigterm_runs))
     out["targets"] = {
         "start_to_registered_ms": 400,
         "xid_to_unhealthy_ms_p99": 100,
         "preferred_allocation_8gpu_ms": 5,
         "idle_cpu_ms_per_60s": 30,
         "rss_mb": 50,
+        "sigterm_to_exit_ms": 100,
     }
     return out
 
@@ -206,6 +257,7 @@ def main() -> None:
     parser.add_argument("--xids", type=int, default=200)
     parser.add_argument("--preferred", type=int, default=200)
     parser.add_argument("--startup-runs", type=int, default=5)
+    parser.add_argument("--sigterm-runs", type=int, default=5)
     args = parser.parse_args()
     result = asyncio.run(_main(args))
     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()}))

@@ -405,3 +405,81 @@ def test_watch_accepts_a_mig_uuid_for_its_parent() -> None:
     assert ev is not None
     assert ev.uuid == gpu.uuid
     f.close()
+
+
+def test_control_messages_of_the_wrong_type_are_refused_with_one_line(
+    sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = sock_dir / "ctl.sock"
+    f = FakeNvml.from_file("dgx-8gpu", control_socket=path)
+    f.init()
+    try:
+        u = [g.uuid for g in f.gpus()]
+        f.watch(u)
+        bad = [
+            {"op": "sample", "uuid": u[0], "values": {"utilization_gpu": "busy"}},
+            {"op": "sample", "uuid": u[0], "values": {"processes": [1, 2]}},
+            {"op": "sample", "uuid": u[0], "values": {"processes": [{"pid": "x"}]}},
+            {"op": "sample", "uuid": u[0], "values": {"remapped_rows_pending": 3}},
+            {"op": "sample", "uuid": u[0], "values": {"power_mw": 10**30}},
+            {"op": "xid", "uuid": ["not", "hashable"], "xid": 48},
+            {"op": ["x"], "uuid": u[0]},
+            {"op": "xid", "uuid": u[0], "xid": True},
+            {"op": "sample", "uuid": u[0], "values": ["utilization_gpu"]},
+        ]
+        for message in bad:
+            send_control(path, message)
+        send_control(path, {"op": "xid", "uuid": u[2], "xid": 79})
+        ev = f.wait_event(5000)  # the event thread's wait drains them all, and lives on
+        assert ev is not None
+        assert (ev.uuid, ev.xid) == (u[2], 79)
+        sample = f.sample(u[0])
+        assert sample.utilization_gpu is None or isinstance(sample.utilization_gpu, int)
+        assert sample.processes == f.machine.gpus[0].sample.processes
+    finally:
+        f.close()
+    ignored = [
+        r.getMessage() for r in caplog.records if "control message ignored" in r.getMessage()
+    ]
+    assert len(ignored) == len(bad), ignored
+    assert all("\n" not in line and "Traceback" not in line for line in ignored)
+    assert "values: utilization_gpu: expected a non-negative integer or null" in ignored[0]
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_recording_with_a_bad_or_duplicate_device_names_the_field(tmp_path: Path) -> None:
+    raw = json.loads((MACHINES_DIR / "h200.json").read_text())
+    cases = [
+        (
+            {"minor": "zero"},
+            "devices[0].minor: bad value in an NVML recording: expected an integer",
+        ),
+        ({"pci": "x"}, "devices[0].pci: bad value in an NVML recording: expected an object"),
+        ({"uuid": None, "name": None}, None),
+    ]
+    for change, says in cases[:2]:
+        doc = json.loads(json.dumps(raw))
+        doc["devices"][0].update(change)
+        p = tmp_path / "rec.json"
+        p.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError) as e:
+            load_machine(p)
+        assert str(e.value).startswith(f"{p}: {says}")
+        assert "\n" not in str(e.value)
+    doc = json.loads(json.dumps(raw))
+    del doc["devices"][0]["minor"]
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"devices\[0\]\.minor: 'minor' is missing"):
+        load_machine(p)
+    doc = json.loads(json.dumps(raw))
+    doc["devices"].append(dict(doc["devices"][0], index=1, minor=1))
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="devices: duplicate uuid 'GPU-"):
+        load_machine(p)
+
+
+def test_a_directory_is_not_a_machine_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="fake NVML machine '/etc': a directory"):
+        load_machine("/etc")
+    with pytest.raises(ConfigError, match="a directory"):
+        open_backend(f"fake:{tmp_path}")

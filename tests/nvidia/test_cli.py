@@ -213,3 +213,49 @@ def test_info_text_and_json(gpu_host: Any) -> None:
         "error: NVML DriverNotLoaded: fake machine 'no-driver' "
         "(the NVIDIA kernel driver is not loaded on this node)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "version: v1\nflags:\n  migStrategy: single\n",
+            "error: flags.migStrategy: 'single' needs every GPU MIG-enabled with one MIG profile",
+        ),
+        (
+            "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n"
+            "    resources: [{name: nvidia.com/mig-1g.18gb, replicas: 2, "
+            "rename: nvidia.com-mig/3g.71gb}]\n",
+            "socket name 'nvidia.com-mig-3g.71gb.sock' is already used",
+        ),
+    ],
+    ids=["single-on-mixed", "socket-clash"],
+)
+def test_info_refuses_what_run_refuses(tmp_path: Path, text: str, message: str) -> None:
+    cfg = tmp_path / "gpu.yaml"
+    cfg.write_text(text)
+    proc = _kubedevice("nvidia", "info", "--nvml", "fake:mig-mixed", "--config", str(cfg))
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_info_shows_a_fake_machines_numa_nodes() -> None:
+    proc = _kubedevice("nvidia", "info", "--nvml", "fake:mig-mixed", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["topology"]["numa_nodes"] == [0, 0, 1, 1]
+    text = _kubedevice("nvidia", "info", "--nvml", "fake:mig-mixed").stdout
+    row = next(line for line in text.splitlines() if line.startswith("GPU2 "))
+    assert row.split()[-1] == "1"  # the NUMA column of the topology matrix
+
+
+def test_info_with_a_huge_sysfs_numa_node_is_one_line(gpu_host: Any) -> None:
+    host = gpu_host("pcie-4gpu")
+    bus = host.nvml.machine.gpus[0].info.pci_bus_id
+    (host.sys / "bus" / "pci" / "devices" / bus / "numa_node").write_text(f"{10**20}\n")
+    proc = _kubedevice("nvidia", "info", "--nvml", "fake:pcie-4gpu", "--sys-root", str(host.sys))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "100000000000000000000' is not a NUMA node" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import EventKind, GpuSample, HealthEvent
 from kubedevice.nvidia.config import HealthConfig, parse_config
-from kubedevice.nvidia.health import HealthMonitor, HealthState
+from kubedevice.nvidia.health import MIN_RECHECK_S, HealthMonitor, HealthState
 from kubedevice.nvidia.nvml_fake import FakeNvml
 
 A, B = "GPU-a", "GPU-b"
@@ -86,9 +87,11 @@ def test_mig_device_event_marks_only_that_mig_device() -> None:
     assert state.probe_target(MIG) == A
 
 
-def test_unknown_device_is_ignored() -> None:
+def test_unknown_device_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
     state = _state()
-    assert state.on_event(_xid("GPU-unknown", 48), 0.0) is False
+    for _ in range(1000):
+        assert state.on_event(_xid("GPU-unknown", 48), 0.0) is False
+    assert len(caplog.records) == 1  # logged once, not once per event
 
 
 # ------------------------------------------------------------------ the monitor on the fake
@@ -271,3 +274,59 @@ async def test_a_gpu_with_row_remapping_pending_stays_unhealthy() -> None:
     finally:
         await monitor.stop()
         fake.close()
+
+
+def _set_timers(state: HealthState, quiet: float, reset: float) -> None:
+    """Timers below what the config accepts: the runtime must be safe with any value."""
+    object.__setattr__(state.config, "quiet_period", quiet)
+    object.__setattr__(state.config, "reset_check_interval", reset)
+
+
+def test_a_gpu_that_stays_bad_is_probed_at_a_bounded_rate() -> None:
+    state = _state()
+    _set_timers(state, 0.0, 1e-9)
+    state.on_event(HealthEvent(EventKind.GPU_LOST, A), 100.0)
+    state.on_event(_xid(B, 48), 100.0)
+    now = 100.001
+    for _ in range(50):  # every probe fails: the next one is MIN_RECHECK_S later
+        assert sorted(state.due(now)) == [A, B]
+        assert state.on_probe(A, False, now) is False
+        assert state.on_probe(B, False, now) is False
+        nxt = state.next_check()
+        assert nxt is not None
+        assert nxt >= now + MIN_RECHECK_S
+        assert state.due(now + MIN_RECHECK_S / 2) == []
+        now = nxt
+
+
+def test_an_xid_flood_logs_one_line_per_state_change_and_a_summary(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="kubedevice.nvidia.health")
+    state = _state()
+    for n in range(20_000):  # 20 s of XIDs, alternating a quiet and a reset one
+        state.on_event(_xid(A, 48 if n % 2 == 0 else 79), 10.0 + n / 1000)
+    for _ in range(10_000):
+        state.on_event(_xid(B, 13), 10.0)  # ignored by policy
+    assert state.on_probe(A, False, 40.0) is False  # fell off the bus ...
+    assert state.on_probe(A, True, 71.0) is True  # ... and came back: Healthy again
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 5, lines
+    assert lines[0].startswith(f"XID 48 on {A}: Unhealthy")
+    assert lines[1].startswith(f"XID 79 on {A}: Unhealthy until the GPU is reset")
+    assert lines[2] == f"XID 13 on {B} ignored by policy"
+    assert (
+        lines[3]
+        == f"{A}: 19998 more health event(s) while it was Unhealthy: XID 48 x9999, XID 79 x9999"
+    )
+    assert lines[4] == f"{A} answers again after a reset: Healthy again"
+
+
+def test_a_long_flood_is_summed_up_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kubedevice.nvidia.health")
+    state = _state()
+    for second in range(600):  # ten minutes, ten events a second
+        for _ in range(10):
+            state.on_event(_xid(A, 79), float(second))
+    summaries = [r.getMessage() for r in caplog.records if "more health event" in r.getMessage()]
+    assert 9 <= len(summaries) <= 10, summaries

@@ -48,11 +48,11 @@ def test_dgx_info_matrix_and_numa(dgx: tuple[FakeNvml, Path]) -> None:
 
 def test_mig_devices_listed(tmp_path: Path) -> None:
     f = FakeNvml.from_file("mig-mixed")
-    info = collect_info(f, tmp_path, mig_strategy="mixed")  # no sysfs: NUMA unknown
+    info = collect_info(f, tmp_path, mig_strategy="mixed")  # no sysfs: the machine's NUMA
     g0 = info["gpus"][0]
     assert [m["profile"] for m in g0["mig_devices"]] == ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]
     assert info["gpus"][2]["mig_devices"] == []
-    assert info["gpus"][0]["numa_node"] is None
+    assert [g["numa_node"] for g in info["gpus"]] == [0, 0, 1, 1]
     assert info["labels"]["nvidia.com/mig-1g.18gb.count"] == "4"
     text = format_info(info)
     assert "MIG devices" in text

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import kubedevice
 from kubedevice.kubelet import Emulator
-from kubedevice.nvidia.metrics import GpuMetrics
+from kubedevice.nvidia.metrics import MAX_XID_LABEL, GpuMetrics
 from kubedevice.nvidia.nvml_fake import FakeNvml
 
 RES = "nvidia.com/gpu"
@@ -220,3 +220,21 @@ def test_pod_resources_down_gives_empty_pod_labels(fake: FakeNvml, sock_dir: Pat
     assert len(series) == 8
     assert all(s["pod"] == "" for s in series)
     m.close()
+
+
+def test_xid_series_stay_bounded_whatever_the_codes(fake: FakeNvml) -> None:
+    gpus = fake.gpus()
+    reg = CollectorRegistry()
+    m = GpuMetrics(fake, gpus, None, [RES], _to_gpu(fake), registry=reg)
+    try:
+        for code in range(50_000):
+            m.record_xid(gpus[0].uuid, code)
+        m.record_xid(gpus[0].uuid, -1)
+        series = _series(reg, "xid_errors_total")
+        other = _value(reg, "xid_errors_total", gpu="0", uuid=gpus[0].uuid, xid="other")
+        xid79 = _value(reg, "xid_errors_total", gpu="0", uuid=gpus[0].uuid, xid="79")
+    finally:
+        m.close()
+    assert len(series) == MAX_XID_LABEL + 2  # 0..255 by value, plus "other"
+    assert other == 50_000 - (MAX_XID_LABEL + 1) + 1
+    assert xid79 == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,32 @@ async def test_replicas_spread_without_refusal(emu: Emulator, dp_dir: Path, gpu_
         assert len(main.runtime.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == 2
 
 
+async def test_one_replica_pods_spread_over_idle_gpus(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    cfg = _config(sharing={"timeSlicing": {"resources": [{"name": GPU, "replicas": 4}]}})
+    async with _plugins(host, dp_dir, cfg):
+        await emu.wait_for_resource(GPU, allocatable=16, timeout=5)
+        gpus = []
+        for n in range(4):
+            main = (await emu.apply_pod(pod(f"p{n}", GPU, 1))).container("main")
+            gpus.append(main.runtime.envs["NVIDIA_VISIBLE_DEVICES"])
+        assert len(set(gpus)) == 4  # one GPU each, none left idle
+
+
+async def test_a_fake_machines_numa_nodes_reach_the_kubelet_without_a_sysfs(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("mig-mixed")
+    overrides = {**host.overrides(), "sys_root": str(host.root / "no-sys")}
+    async with GpuPlugins(_config(), host.nvml, device_plugin_dir=dp_dir, overrides=overrides):
+        status = await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+    index = {g.info.uuid: g.info.index for g in host.nvml.machine.gpus}
+    numa = {index[d.id]: d.numa for d in status.devices}
+    assert numa == {0: (0,), 1: (0,), 2: (1,), 3: (1,)}  # the machine's own NUMA nodes
+
+
 async def test_mig_mixed_serves_one_resource_per_profile(
     emu: Emulator, dp_dir: Path, gpu_host: Any
 ) -> None:
@@ -192,6 +219,7 @@ async def test_mig_mixed_serves_one_resource_per_profile(
         ]
         await emu.wait_for_resource("nvidia.com/mig-1g.18gb", allocatable=4, timeout=5)
         await emu.wait_for_resource(GPU, allocatable=1, timeout=5)
+        await emu.wait_for_resource("nvidia.com/mig-3g.71gb", allocatable=2, timeout=5)
         main = (await emu.apply_pod(pod("small", "nvidia.com/mig-3g.71gb", 1))).container("main")
         (mig_uuid,) = main.devices["nvidia.com/mig-3g.71gb"]
         assert mig_uuid.startswith("MIG-")
@@ -218,6 +246,73 @@ async def test_reload_is_all_or_nothing(emu: Emulator, dp_dir: Path, gpu_host: A
         await plugins.reload(_config(flags={"migStrategy": "mixed"}))
         await emu.wait_for_resource("nvidia.com/mig-2g.35gb", allocatable=2, timeout=5)
         await emu.wait_for_resource(GPU, allocatable=1, timeout=5)
+
+
+async def test_reload_with_a_socket_name_clash_changes_nothing(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("mig-mixed")
+    mig3 = "nvidia.com/mig-3g.71gb"
+    feature_file = host.features / "kubedevice-nvidia"
+    mixed = {"migStrategy": "mixed"}
+    async with _plugins(host, dp_dir, _config(flags=mixed)) as plugins:
+        await emu.wait_for_resource(mig3, allocatable=2, timeout=5)
+        before = feature_file.read_text()
+        resources = list(plugins.resources)
+        # nvidia.com-mig/3g.71gb is another resource, but its socket is mig-3g.71gb's
+        clash = {
+            "name": "nvidia.com/mig-1g.18gb",
+            "replicas": 2,
+            "rename": "nvidia.com-mig/3g.71gb",
+        }
+        bad = _config(flags=mixed, sharing={"timeSlicing": {"resources": [clash]}})
+        with pytest.raises(ConfigError, match=r"socket name 'nvidia\.com-mig-3g\.71gb\.sock'"):
+            await plugins.reload(bad)
+        assert plugins.resources == resources
+        assert plugins.config.sharing.time_slicing.resources == []
+        assert feature_file.read_text() == before  # no gpu.replicas=2, no -SHARED
+        main = (await emu.apply_pod(pod("small", mig3, 1))).container("main")
+        assert main.devices[mig3][0].startswith("MIG-")  # mig-3g.71gb still served
+
+
+async def test_reload_with_a_too_long_socket_path_keeps_serving_gpus(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    long_name = f"{'a' * 60}.example.com/{'g' * 60}"
+    async with _plugins(host, dp_dir, _config()) as plugins:
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        renamed = {"name": GPU, "replicas": 2, "rename": long_name}
+        with pytest.raises(ConfigError, match=r"longer than 107 bytes; .*nothing was changed"):
+            await plugins.reload(_config(sharing={"timeSlicing": {"resources": [renamed]}}))
+        assert plugins.resources == [GPU]
+        assert plugins.server.resource_names == (GPU,)
+        main = (await emu.apply_pod(pod("one", GPU, 1))).container("main")
+        assert main.devices[GPU][0].startswith("GPU-")
+
+
+async def test_reload_undone_when_the_cdi_spec_cannot_be_written(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    blocker = host.root / "cdi-blocker"
+    blocker.write_text("")
+    overrides = {k: v for k, v in host.overrides().items() if k != "cdi_dir"}
+    async with GpuPlugins(_config(), host.nvml, device_plugin_dir=dp_dir, overrides=overrides) as (
+        plugins
+    ):
+        await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+        shared = {"renameByDefault": True, "resources": [{"name": GPU, "replicas": 2}]}
+        bad = _config(
+            flags={"deviceListStrategy": "cdi-cri", "cdiDir": str(blocker / "cdi")},
+            sharing={"timeSlicing": shared},
+        )
+        with pytest.raises(ConfigError, match="cannot write the CDI spec"):
+            await plugins.reload(bad)
+        assert plugins.server.resource_names == (GPU,)  # gpu.shared was added, then undone
+        assert plugins.resources == [GPU]
+        main = (await emu.apply_pod(pod("one", GPU, 1))).container("main")
+        assert main.runtime.envs["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
 
 
 async def test_no_driver_fails_or_serves_zero_gpus(
@@ -348,6 +443,45 @@ async def test_labels_removed_when_switched_off_or_without_nvml(
     cfg = _config(flags={"failOnInitError": False})
     async with GpuPlugins(cfg, nodriver.nvml, device_plugin_dir=dp_dir, overrides=overrides):
         assert not feature_file.exists()  # removed during start-up, before serving
+
+
+async def test_fifos_at_the_feature_file_and_cdi_spec_never_block(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("pcie-4gpu")
+    host.features.mkdir()
+    host.cdi.mkdir()
+    os.mkfifo(host.features / "kubedevice-nvidia")
+    os.mkfifo(host.cdi / "kubedevice-nvidia.json")
+    cfg = _config(flags={"deviceListStrategy": "cdi-cri"})
+    async with asyncio.timeout(30):  # a guard: on a blocking open the start never returns
+        async with _plugins(host, dp_dir, cfg):
+            await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+    assert "nvidia.com/gpu.count=4" in (host.features / "kubedevice-nvidia").read_text()
+    assert json.loads((host.cdi / "kubedevice-nvidia.json").read_text())["devices"]
+
+
+async def test_labels_describe_nvidia_com_gpu_itself(
+    emu: Emulator, dp_dir: Path, gpu_host: Any
+) -> None:
+    host = gpu_host("mig-mixed")
+    feature_file = host.features / "kubedevice-nvidia"
+    mixed = {"migStrategy": "mixed"}
+    for profile in ("nvidia.com/mig-1g.18gb", "nvidia.com/mig-7g.141gb"):  # one is not here
+        sharing = {"timeSlicing": {"resources": [{"name": profile, "replicas": 2}]}}
+        async with _plugins(host, dp_dir, _config(flags=mixed, sharing=sharing)):
+            await emu.wait_for_resource(GPU, allocatable=1, timeout=5)
+            labels = _labels(feature_file)
+        assert labels["nvidia.com/gpu.replicas"] == "1"
+        assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+        assert not labels["nvidia.com/gpu.product"].endswith("-SHARED")
+    assert labels["nvidia.com/mig-1g.18gb.replicas"] == "1"
+    sharing = {"timeSlicing": {"resources": [{"name": "nvidia.com/mig-1g.18gb", "replicas": 2}]}}
+    async with _plugins(host, dp_dir, _config(flags=mixed, sharing=sharing)):
+        labels = _labels(feature_file)
+    assert labels["nvidia.com/mig-1g.18gb.replicas"] == "2"
+    assert labels["nvidia.com/mig-1g.18gb.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/mig-3g.71gb.replicas"] == "1"
 
 
 async def test_labels_follow_a_reloaded_features_dir(

@@ -105,6 +105,34 @@ def test_replicas_spread_over_gpus_first(dgx: tuple[FakeNvml, Topology, list[str
     assert sorted(got) == sorted(d for d, _ in avail)
 
 
+def test_replicas_go_to_the_least_loaded_gpus(pcie: tuple[FakeNvml, Topology, list[str]]) -> None:
+    _, topo, u = pcie
+    # GPU A has replicas ::0..::2 taken, only A::3 is offered; B, C and D are idle
+    avail = [(f"{u[0]}::3", u[0])] + [(f"{g}::{n}", g) for g in u[1:] for n in range(4)]
+    load = {u[0]: 3, u[1]: 0, u[2]: 0, u[3]: 0}
+    (got,) = preferred_allocation(topo, avail, [], 1, load)
+    assert got.split("::")[0] != u[0]
+    # five replicas: one on each idle GPU first, then the fewest taken (not A again)
+    got5 = preferred_allocation(topo, avail, [], 5, load)
+    gpus = [x.split("::")[0] for x in got5]
+    assert gpus.count(u[0]) == 0
+    assert sorted(gpus.count(g) for g in u[1:]) == [1, 2, 2]
+    # asked for (must-include), A is packed
+    assert preferred_allocation(topo, avail, [f"{u[0]}::3"], 1, load) == [f"{u[0]}::3"]
+
+
+def test_four_one_replica_pods_land_on_four_gpus(
+    pcie: tuple[FakeNvml, Topology, list[str]],
+) -> None:
+    _, topo, u = pcie
+    taken: list[str] = []
+    for _ in range(4):
+        avail = [(f"{g}::{n}", g) for g in u for n in range(4) if f"{g}::{n}" not in taken]
+        load = {g: sum(t.startswith(g) for t in taken) for g in u}
+        taken += preferred_allocation(topo, avail, [], 1, load)
+    assert sorted(t.split("::")[0] for t in taken) == sorted(u)
+
+
 def test_must_include_not_offered_is_kept_and_size_below_must(
     dgx: tuple[FakeNvml, Topology, list[str]],
 ) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
-from kubedevice.plugin.files import replace_if_changed
+from kubedevice.plugin.files import NotARegularFileError, read_small_file, replace_if_changed
 
 
 def test_writes_once_then_leaves_a_current_file_alone(tmp_path: Path) -> None:
@@ -45,3 +46,21 @@ def test_unwritable_directory_raises_oserror(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(OSError):
         replace_if_changed(blocker / "sub", "f", "x")
+
+
+def test_a_fifo_socket_or_directory_at_the_target_never_blocks(tmp_path: Path) -> None:
+    fifo = tmp_path / "spec.json"
+    os.mkfifo(fifo)
+    with pytest.raises(NotARegularFileError, match="a FIFO"):
+        read_small_file(fifo, 10)
+    assert replace_if_changed(tmp_path, "spec.json", "one\n") is True  # replaced, not opened
+    assert fifo.read_text() == "one\n"
+    sock_dir = tmp_path / "s"
+    sock_dir.mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_dir / "spec.json"))
+        assert replace_if_changed(sock_dir, "spec.json", "two\n") is True
+    assert (sock_dir / "spec.json").read_text() == "two\n"
+    (tmp_path / "d" / "spec.json").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError, match="a directory is in the way"):
+        replace_if_changed(tmp_path / "d", "spec.json", "three\n")

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.errors import ConfigError
 from kubedevice.generic.config import Config, load_config
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
@@ -23,6 +23,7 @@ from kubedevice.generic.resource import GenericResourcePlugin, Snapshot
 from kubedevice.plugin.daemon import PluginDaemon, run_daemon
 from kubedevice.plugin.filewatch import DirWatcher, FileChanges, file_digest
 from kubedevice.plugin.server import PluginServer
+from kubedevice.plugin.swap import PluginSwap
 
 __all__ = ["GenericPlugins", "run_generic"]
 
@@ -274,10 +275,13 @@ class GenericPlugins(PluginDaemon):
         added = [n for n in new_specs if n not in self._plugins]
         # First the step that can fail (binding the new sockets), with nothing else
         # changed yet: a refused reload leaves the old config fully in force.
-        fresh = await self._add_all(
-            [GenericResourcePlugin(new_specs[n], config.keep_unhealthy_seconds) for n in added],
-            removed,
+        fresh = {
+            n: GenericResourcePlugin(new_specs[n], config.keep_unhealthy_seconds) for n in added
+        }
+        swap = PluginSwap(
+            self.server, add=list(fresh.values()), remove=[self._plugins[n] for n in removed]
         )
+        await swap.apply()
         # Then the synchronous switch, so a scan triggered meanwhile sees a consistent state.
         stopping: list[asyncio.Task[None]] = []
         for name in removed + changed:
@@ -298,9 +302,8 @@ class GenericPlugins(PluginDaemon):
         # Then the parts that wait: old health tasks, sockets, registrations.
         for task in stopping:
             await _reap(task)
+        await swap.finish()
         for name in removed:
-            if name in self.server.resource_names:  # not already freed by _add_all
-                await self.server.remove(name)
             log.info("resource removed", extra={"resource": name})
         for name in changed:
             self._start_health(name)
@@ -309,36 +312,6 @@ class GenericPlugins(PluginDaemon):
             self._start_health(name)
             log.info("resource added", extra={"resource": name})
         log.info("config reloaded")
-
-    async def _add_all(
-        self, plugins: list[GenericResourcePlugin], removed: list[str]
-    ) -> dict[str, GenericResourcePlugin]:
-        """Serve every new plugin, or none: on a failure the ones added are removed again.
-
-        A resource being removed whose socket name a new one takes is removed first (and
-        put back if the reload is refused).
-
-        Raises:
-            ConfigError: A new plugin could not be served; nothing was changed.
-        """
-        sockets = {self._plugins[n].effective_socket_name(): n for n in removed}
-        done: list[GenericResourcePlugin] = []
-        freed: list[str] = []
-        try:
-            for plugin in plugins:
-                holder = sockets.get(plugin.effective_socket_name())
-                if holder is not None:
-                    await self.server.remove(holder)
-                    freed.append(holder)
-                await self.server.add(plugin)
-                done.append(plugin)
-        except KubeDeviceError as exc:
-            for plugin in done:
-                await self.server.remove(plugin.resource_name)
-            for name in freed:
-                await self.server.add(self._plugins[name])
-            raise ConfigError(f"{exc}; nothing was changed") from exc
-        return {p.resource_name: p for p in done}
 
 
 async def _reap(task: asyncio.Task[None]) -> None:

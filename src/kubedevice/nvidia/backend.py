@@ -96,6 +96,8 @@ class GpuInfo:
     mig_capable: bool  # the GPU supports MIG at all
     mig_enabled: bool  # current MIG mode is enabled
     serial: str | None = None
+    #: The NUMA node the backend knows of (a fake machine's); ``None``: ask sysfs only.
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,17 @@ from typing import Final
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import GpuInfo, MigDeviceInfo
 from kubedevice.nvidia.config import GPU_RESOURCE, Config
+from kubedevice.plugin.config import default_socket_name
+from kubedevice.plugin.files import read_small_file
 
 __all__ = [
     "CONTROL_NODES",
+    "MAX_NUMA_NODE",
     "DeviceEntry",
     "GpuUnit",
     "Inventory",
     "build_inventory",
+    "plan_resources",
     "read_numa_node",
     "replica_id",
     "split_replica",
@@ -107,12 +111,24 @@ class Inventory:
     shared: frozenset[str] = frozenset()
 
 
-def read_numa_node(sys_root: str | os.PathLike[str], pci_bus_id: str) -> int | None:
+#: Linux's largest NUMA node count (CONFIG_NODES_SHIFT 10): a larger number is not a node.
+MAX_NUMA_NODE: Final = 1023
+
+
+def read_numa_node(
+    sys_root: str | os.PathLike[str], pci_bus_id: str, fallback: int | None = None
+) -> int | None:
     """The NUMA node of a PCI device from ``<sysRoot>/bus/pci/devices/<bus id>/numa_node``.
 
+    Args:
+        sys_root: Where sysfs is.
+        pci_bus_id: The device's PCI bus ID.
+        fallback: The answer when sysfs has no such file (what a fake machine says).
+
     Returns:
-        The node, or ``None`` when the file is missing, unreadable, says ``-1`` (no NUMA)
-        or the bus ID is malformed (never a path outside ``sysRoot``).
+        The node, or ``None`` when the file is unreadable, says ``-1`` (no NUMA) or
+        something that is not a NUMA node (logged, one line), or the bus ID is malformed
+        (never a path outside ``sysRoot``).
     """
     bus_id = pci_bus_id.lower()
     if not _BUS_ID.fullmatch(bus_id):
@@ -120,8 +136,17 @@ def read_numa_node(sys_root: str | os.PathLike[str], pci_bus_id: str) -> int | N
         return None
     path = Path(sys_root, "bus", "pci", "devices", bus_id, "numa_node")
     try:
-        value = int(path.read_text(encoding="ascii").strip())
+        text = read_small_file(path, 64).decode("ascii").strip()
+    except FileNotFoundError:
+        return fallback
     except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    try:
+        value = int(text) if len(text) <= 20 else None
+    except ValueError:
+        value = None
+    if value is None or value > MAX_NUMA_NODE:
+        log.warning("%s: %r is not a NUMA node (0-%d or -1); ignored", path, text, MAX_NUMA_NODE)
         return None
     return value if value >= 0 else None
 
@@ -149,6 +174,61 @@ def _mig_nodes(dev_root: str, gpu_nodes: tuple[str, ...], mig: MigDeviceInfo) ->
 
 def _mig_resource(profile: str) -> str:
     return f"nvidia.com/mig-{profile}"
+
+
+def plan_resources(
+    config: Config, gpus: Sequence[GpuInfo], mig: Mapping[str, Sequence[MigDeviceInfo]]
+) -> dict[str, str]:
+    """The resources ``config`` makes of these GPUs: base name -> advertised name.
+
+    The one check of a config against the hardware, shared by ``nvidia run`` (start and
+    every reload) and ``nvidia info``: nothing is read or written.
+
+    Raises:
+        ConfigError: ``single`` on a node whose GPUs do not all share one MIG profile,
+            or a sharing rename that collides with another resource's name or socket.
+    """
+    strategy = config.flags.mig_strategy
+    enabled = [g for g in gpus if g.mig_enabled]
+    if strategy == "single" and enabled:
+        profiles = {m.profile for g in enabled for m in mig.get(g.uuid, ())}
+        whole = [g for g in gpus if not g.mig_enabled]
+        if whole or len(profiles) != 1:
+            what = []
+            if whole:
+                what.append(f"GPU(s) {', '.join(str(g.index) for g in whole)} have MIG disabled")
+            if len(profiles) > 1:
+                what.append(f"MIG profiles differ ({', '.join(sorted(profiles))})")
+            if not profiles:
+                what.append("no MIG device is configured")
+            raise ConfigError(
+                "flags.migStrategy: 'single' needs every GPU MIG-enabled with one MIG profile, "
+                f"but {'; '.join(what)}; use 'mixed'"
+            )
+    base_names = [GPU_RESOURCE]  # always served, so a pod can wait for a GPU
+    if strategy == "mixed":
+        for g in enabled:
+            base_names.extend(_mig_resource(m.profile) for m in mig.get(g.uuid, ()))
+    base_names = list(dict.fromkeys(base_names))
+    slicing = config.sharing.time_slicing
+    advertised: dict[str, str] = {}
+    sockets: dict[str, str] = {}
+    for base in base_names:
+        name = slicing.advertised_name(base)
+        if name in advertised.values() or (name != base and name in base_names):
+            raise ConfigError(
+                f"sharing.timeSlicing: {base} would be advertised as {name}, "
+                "which is already another resource"
+            )
+        socket = default_socket_name(name)
+        if socket in sockets:
+            raise ConfigError(
+                f"sharing.timeSlicing: {base} would be advertised as {name}, whose socket "
+                f"name {socket!r} is already used by {sockets[socket]}"
+            )
+        sockets[socket] = name
+        advertised[base] = name
+    return advertised
 
 
 def build_inventory(
@@ -180,27 +260,12 @@ def build_inventory(
     flags = config.flags
     dev_root = dev_root or flags.dev_root
     sys_root = sys_root or flags.sys_root
+    advertised = plan_resources(config, gpus, mig)
     control = tuple(f"/dev/{n}" for n in CONTROL_NODES if _present(dev_root, n))
     strategy = flags.mig_strategy
-    enabled = [g for g in gpus if g.mig_enabled]
-    if strategy == "single" and enabled:
-        profiles = {m.profile for g in enabled for m in mig.get(g.uuid, ())}
-        whole = [g for g in gpus if not g.mig_enabled]
-        if whole or len(profiles) != 1:
-            what = []
-            if whole:
-                what.append(f"GPU(s) {', '.join(str(g.index) for g in whole)} have MIG disabled")
-            if len(profiles) > 1:
-                what.append(f"MIG profiles differ ({', '.join(sorted(profiles))})")
-            if not profiles:
-                what.append("no MIG device is configured")
-            raise ConfigError(
-                "flags.migStrategy: 'single' needs every GPU MIG-enabled with one MIG profile, "
-                f"but {'; '.join(what)}; use 'mixed'"
-            )
     units: dict[str, GpuUnit] = {}
     for gpu in gpus:
-        numa = read_numa_node(sys_root, gpu.pci_bus_id)
+        numa = read_numa_node(sys_root, gpu.pci_bus_id, gpu.numa_node)
         nodes = _gpu_nodes(dev_root, gpu, control)
         if strategy != "none" and gpu.mig_enabled:
             for m in mig.get(gpu.uuid, ()):
@@ -228,18 +293,9 @@ def build_inventory(
             memory=gpu.memory_total,
         )
     slicing = config.sharing.time_slicing
-    base_names = list(dict.fromkeys(u.resource for u in units.values()))
-    if GPU_RESOURCE not in base_names:
-        base_names.insert(0, GPU_RESOURCE)  # always served, so a pod can wait for a GPU
     resources: dict[str, list[DeviceEntry]] = {}
     shared: set[str] = set()
-    for base in base_names:
-        name = slicing.advertised_name(base)
-        if name in resources or (name != base and name in base_names):
-            raise ConfigError(
-                f"sharing.timeSlicing: {base} would be advertised as {name}, "
-                "which is already another resource"
-            )
+    for base, name in advertised.items():
         replicas = slicing.replicas_of(base)
         entries: list[DeviceEntry] = resources.setdefault(name, [])
         if replicas > 1:

@@ -15,6 +15,13 @@ recovery probes. Policies per event:
   came back). A lost GPU always follows this policy.
 
 Only the GPU (or MIG device) concerned changes; an NVML failure never ends the thread.
+
+A GPU that stays bad costs little: it is probed again at most every
+:data:`MIN_RECHECK_S` whatever ``quietPeriod`` or ``resetCheckInterval`` say, and the log
+gets one line per GPU per state change (Unhealthy, escalated to reset, Healthy again);
+further events on an Unhealthy GPU, ignored XIDs after the first of each code and failed
+probes after the first are counted and summed up in one line at most every
+:data:`SUMMARY_INTERVAL_S` and when the GPU is Healthy again.
 """
 
 from __future__ import annotations
@@ -32,9 +39,14 @@ from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import EventKind, HealthEvent, NvmlBackend
 from kubedevice.nvidia.config import HealthConfig
 
-__all__ = ["HealthMonitor", "HealthSink", "HealthState"]
+__all__ = ["MIN_RECHECK_S", "SUMMARY_INTERVAL_S", "HealthMonitor", "HealthSink", "HealthState"]
 
 log = logging.getLogger(__name__)
+
+#: The shortest time between two recovery probes of one GPU, whatever the config says.
+MIN_RECHECK_S = 0.1
+#: At most one summary line per GPU this often while events keep coming.
+SUMMARY_INTERVAL_S = 60.0
 
 
 class HealthSink(Protocol):
@@ -65,6 +77,7 @@ class HealthState:
         self.config = config
         self.parents = dict(parents)
         self._bad: dict[str, _Bad] = {}
+        self._quiet = _QuietLog()
 
     def unhealthy(self) -> dict[str, str]:
         """UUID -> reason, for every UUID marked Unhealthy (a GPU marks its MIG devices too)."""
@@ -82,7 +95,8 @@ class HealthState:
         """Apply one NVML event; return whether any health changed."""
         uuid = event.uuid
         if uuid not in self.parents:
-            log.warning("health event for an unknown device %s ignored: %s", uuid, event)
+            if self._quiet.first(uuid, "unknown device"):  # once per device, not per event
+                log.warning("health event for an unknown device %s ignored: %s", uuid, event)
             return False
         if event.kind is EventKind.XID:
             if event.xid is None:  # an NVML failure reported for this GPU
@@ -96,7 +110,10 @@ class HealthState:
             policy = "reset"
             reason = "GPU lost (fell off the bus)"
         if policy == "ignore":
-            log.info("%s on %s ignored by policy", reason, uuid)
+            if self._quiet.first(uuid, reason):
+                log.info("%s on %s ignored by policy", reason, uuid)
+            else:
+                self._quiet.count(uuid, reason, now)
             return False
         was_healthy = self.healthy(uuid)
         bad = self._bad.get(uuid)
@@ -106,6 +123,12 @@ class HealthState:
         wait = (
             self.config.reset_check_interval if strongest == "reset" else self.config.quiet_period
         )
+        if bad is not None and bad.policy == strongest:  # no state change: counted, not logged
+            bad.reason = reason if policy == strongest else bad.reason
+            bad.next_check = max(now + wait, bad.next_check)
+            bad.seen_down = bad.seen_down or event.kind is EventKind.GPU_LOST
+            self._quiet.count(uuid, reason, now)
+            return False
         self._bad[uuid] = _Bad(
             policy=strongest,
             reason=reason if bad is None or policy == strongest else bad.reason,
@@ -119,6 +142,11 @@ class HealthState:
             "the GPU is reset" if strongest == "reset" else "a quiet period passes and it answers",
         )
         return was_healthy
+
+    def _healthy_again(self, uuid: str, how: str) -> None:
+        del self._bad[uuid]
+        self._quiet.flush(uuid, "while it was Unhealthy")
+        log.info("%s %s: Healthy again", uuid, how)
 
     def due(self, now: float) -> list[str]:
         """UUIDs whose recovery probe is due at ``now``."""
@@ -139,19 +167,53 @@ class HealthState:
             return False
         if bad.policy == "quiet":
             if ok:
-                del self._bad[uuid]
-                log.info("%s answers after a quiet period: Healthy again", uuid)
+                self._healthy_again(uuid, "answers after a quiet period")
                 return True
-            bad.next_check = now + self.config.quiet_period
+            bad.next_check = now + max(self.config.quiet_period, MIN_RECHECK_S)
             return False
         if not ok:
             bad.seen_down = True
         elif bad.seen_down:
-            del self._bad[uuid]
-            log.info("%s answers again after a reset: Healthy again", uuid)
+            self._healthy_again(uuid, "answers again after a reset")
             return True
-        bad.next_check = now + self.config.reset_check_interval
+        bad.next_check = now + max(self.config.reset_check_interval, MIN_RECHECK_S)
         return False
+
+
+class _QuietLog:
+    """Counts what is not logged line by line, per GPU, and sums it up now and then."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._counts: dict[str, dict[str, int]] = {}
+        self._last: dict[str, float] = {}
+
+    def first(self, uuid: str, what: str) -> bool:
+        """True the first time ``what`` happens to ``uuid`` (then it is logged)."""
+        if (uuid, what) in self._seen:
+            return False
+        if len(self._seen) < 100_000:  # bounded, whatever codes arrive
+            self._seen.add((uuid, what))
+        return True
+
+    def count(self, uuid: str, what: str, now: float) -> None:
+        """Count one unlogged ``what``; log the summary if the last is old enough."""
+        counts = self._counts.setdefault(uuid, {})
+        key = what if what in counts or len(counts) < 20 else "other events"
+        counts[key] = counts.get(key, 0) + 1
+        last = self._last.setdefault(uuid, now)
+        if now - last >= SUMMARY_INTERVAL_S:
+            self.flush(uuid, f"in the last {now - last:.0f} s")
+            self._last[uuid] = now
+
+    def flush(self, uuid: str, when: str) -> None:
+        """Log what was counted for ``uuid`` (if anything) in one line."""
+        counts = self._counts.pop(uuid, None)
+        self._last.pop(uuid, None)
+        if counts:
+            total = sum(counts.values())
+            detail = ", ".join(f"{what} x{n}" for what, n in counts.items())
+            log.warning("%s: %d more health event(s) %s: %s", uuid, total, when, detail)
 
 
 class HealthMonitor:
@@ -188,6 +250,7 @@ class HealthMonitor:
         self._thread: threading.Thread | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._probing: asyncio.Task[None] | None = None
+        self._silent: set[str] = set()  # GPUs whose failed probe was logged already
 
     async def start(self) -> None:
         """Register the GPUs' events and start the event thread."""
@@ -200,8 +263,19 @@ class HealthMonitor:
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
         self._thread.start()
 
-    async def stop(self) -> None:
-        """Stop the thread (``interrupt()`` ends its wait) and the timers."""
+    async def stop(self, grace: float | None = None) -> bool:
+        """Stop the thread (``interrupt()`` ends its wait) and the timers.
+
+        Args:
+            grace: How long to wait for the thread; ``None``: its whole wait (the wait
+                timeout plus 1 s). Real NVML cannot be woken: a thread still blocked in
+                ``nvmlEventSetWait`` after ``grace`` is left there (a daemon thread, it
+                ends with the process, or at the end of its wait slice).
+
+        Returns:
+            Whether the thread has ended (``False``: it is still in the NVML wait, and
+            NVML must not be shut down under it).
+        """
         self._stop.set()
         with contextlib.suppress(Exception):
             self.backend.interrupt()
@@ -212,10 +286,18 @@ class HealthMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probing
         thread = self._thread
-        if thread is not None:
-            await asyncio.to_thread(thread.join, self._timeout_ms / 1000 + 1.0)
-            if thread.is_alive():
+        if thread is None:
+            return True
+        if thread.is_alive():
+            limit = self._timeout_ms / 1000 + 1.0 if grace is None else grace
+            await asyncio.to_thread(thread.join, limit)
+        if thread.is_alive():
+            if grace is None:
                 log.warning("the NVML event thread did not stop in time; leaving it")
+            else:
+                log.debug("the NVML event thread is still in its wait; leaving it")
+            return False
+        return True
 
     # ---- the thread ------------------------------------------------------------------
 
@@ -290,14 +372,19 @@ class HealthMonitor:
             self.backend.probe(gpu)
             sample = self.backend.sample(gpu)
         except NvmlError as exc:
-            log.info("%s does not answer yet: %s", gpu, exc)
+            if gpu not in self._silent:
+                self._silent.add(gpu)
+                log.info("%s does not answer yet: %s (logged once until it does)", gpu, exc)
             return False
         except Exception:
             log.exception("probing %s failed unexpectedly", gpu)
             return False
         if sample.remapped_rows_pending or sample.remapped_rows_failure:
-            log.info("%s answers but its memory rows need remapping: it needs a reset", gpu)
+            if gpu not in self._silent:
+                self._silent.add(gpu)
+                log.info("%s answers but its memory rows need remapping: it needs a reset", gpu)
             return False
+        self._silent.discard(gpu)
         return True
 
     async def _probe_due(self) -> None:

@@ -21,8 +21,9 @@ from kubedevice.nvidia.backend import (
     NvmlBackend,
     P2PLevel,
 )
-from kubedevice.nvidia.devices import read_numa_node
-from kubedevice.nvidia.labels import compute_labels
+from kubedevice.nvidia.config import Config
+from kubedevice.nvidia.devices import plan_resources, read_numa_node
+from kubedevice.nvidia.labels import node_labels
 from kubedevice.nvidia.topology import build_topology
 
 __all__ = ["LEGEND", "collect_info", "format_info", "link_cell"]
@@ -95,26 +96,35 @@ def collect_info(
     sys_root: Path,
     *,
     driver: DriverInfo | None = None,
-    mig_strategy: str = "none",
-    sharing_strategy: str = "none",
-    replicas: int = 1,
+    config: Config | None = None,
+    mig_strategy: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``nvidia info`` reports, as plain JSON types.
 
+    The config is checked against the GPUs exactly as ``nvidia run`` checks it
+    (:func:`~kubedevice.nvidia.devices.plan_resources`), and the labels are those it
+    would write (:func:`~kubedevice.nvidia.labels.node_labels`).
+
     Args:
         backend: The NVML backend; ``init()`` is called unless ``driver`` is given.
-        sys_root: Where sysfs is (``/sys``), for each GPU's NUMA node.
+        sys_root: Where sysfs is (``/sys``), for each GPU's NUMA node; a GPU sysfs does
+            not know takes the backend's (a fake machine's) NUMA node.
         driver: The answer of an earlier ``backend.init()``.
-        mig_strategy, sharing_strategy, replicas: As configured, for the labels.
+        config: The config (``None``: the defaults).
+        mig_strategy: Overrides ``flags.migStrategy``.
 
     Raises:
         NvmlError: NVML cannot be initialised or the GPUs cannot be listed.
-        ConfigError: a bad strategy name (from the label code).
+        ConfigError: ``nvidia run`` would refuse the config on these GPUs.
     """
+    if config is None:
+        config = Config(version="v1")
+    if mig_strategy is not None:
+        config = config.with_overrides(mig_strategy=mig_strategy)
     if driver is None:
         driver = backend.init()
     gpus = backend.gpus()
-    numa = {g.uuid: read_numa_node(sys_root, g.pci_bus_id) for g in gpus}
+    numa = {g.uuid: read_numa_node(sys_root, g.pci_bus_id, g.numa_node) for g in gpus}
     out_gpus: list[dict[str, Any]] = []
     mig: dict[str, list[MigDeviceInfo]] = {}
     for g in gpus:
@@ -130,20 +140,14 @@ def collect_info(
         except NvmlError as e:
             d["error"] = str(e)
         out_gpus.append(d)
+    plan_resources(config, gpus, mig)  # what `nvidia run` would refuse, refused here
     topo = build_topology(backend, gpus, numa)
     names = [f"GPU{g.index}" for g in gpus]
     matrix = [
         ["X" if a.uuid == b.uuid else link_cell(topo.link(a.uuid, b.uuid)) for b in gpus]
         for a in gpus
     ]
-    labels = compute_labels(
-        driver,
-        gpus,
-        mig,
-        mig_strategy=mig_strategy,
-        sharing_strategy=sharing_strategy,
-        replicas=replicas,
-    )
+    labels = node_labels(config, driver, gpus, mig)
     return {
         "driver": {
             "driver_version": driver.driver_version,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo
+from kubedevice.nvidia.config import GPU_RESOURCE, Config
 from kubedevice.plugin.files import replace_if_changed
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "MAX_FEATURE_FILE_BYTES",
     "compute_labels",
     "label_value",
+    "node_labels",
     "remove_feature_file",
     "render_feature_file",
     "write_feature_file",
@@ -145,6 +147,39 @@ def compute_labels(
     if sharing_strategy != "none" and replicas > 1:
         product = f"{product}-SHARED"
     labels[f"{_PREFIX}gpu.product"] = label_value(product)
+    return labels
+
+
+def node_labels(
+    config: Config,
+    driver: DriverInfo,
+    gpus: Sequence[GpuInfo],
+    mig: Mapping[str, Sequence[MigDeviceInfo]],
+) -> dict[str, str]:
+    """The labels ``config`` gives this node: :func:`compute_labels` with its sharing.
+
+    ``gpu.replicas``, ``gpu.sharing-strategy`` and ``-SHARED`` in ``gpu.product``
+    describe ``nvidia.com/gpu`` itself: time-slicing only a MIG profile (or a profile
+    this node does not have) leaves them alone; with ``migStrategy: mixed`` each
+    profile's own ``nvidia.com/mig-<profile>.replicas`` and ``.sharing-strategy`` say
+    how it is shared. ``nvidia info`` and ``nvidia run`` both label through this.
+    """
+    slicing = config.sharing.time_slicing
+    replicas = slicing.replicas_of(GPU_RESOURCE)
+    labels = compute_labels(
+        driver,
+        gpus,
+        mig,
+        mig_strategy=config.flags.mig_strategy,
+        sharing_strategy="time-slicing" if replicas > 1 else "none",
+        replicas=replicas,
+    )
+    if config.flags.mig_strategy == "mixed":
+        for name in [k for k in labels if k.endswith(".slices.gi")]:
+            base = name.removesuffix(".slices.gi")  # nvidia.com/mig-<profile>
+            n = slicing.replicas_of(base)
+            labels[f"{base}.replicas"] = str(n)
+            labels[f"{base}.sharing-strategy"] = "time-slicing" if n > 1 else "none"
     return labels
 
 

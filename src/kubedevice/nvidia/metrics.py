@@ -3,7 +3,8 @@
 Every scrape reports, per GPU, utilization, memory used/total, power, temperature and
 health, labelled ``gpu`` (NVML index), ``uuid``, and the ``namespace``/``pod``/
 ``container`` holding it (empty when none does; one series per holder when replicas of
-one GPU are held by several containers), plus a counter of XIDs by code. No separate
+one GPU are held by several containers), plus a counter of XIDs by code (codes above 255
+as ``other``, so the series stay bounded). No separate
 exporter is needed.
 
 NVML and PodResources are swept at most once per ``min_interval_s`` (1 s): scrapes in
@@ -27,11 +28,14 @@ from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import GpuInfo, GpuSample, NvmlBackend
 from kubedevice.nvidia.podresources import ContainerRef, PodResourcesClient
 
-__all__ = ["METRIC_PREFIX", "GpuMetrics"]
+__all__ = ["MAX_XID_LABEL", "METRIC_PREFIX", "GpuMetrics"]
 
 log = logging.getLogger(__name__)
 
 METRIC_PREFIX = "kubedevice_nvidia_gpu"
+#: XID codes up to this are labelled by value (every XID NVIDIA documents is below 200);
+#: larger (or negative) codes are counted as ``xid="other"``.
+MAX_XID_LABEL = 255
 _LABELS = ["gpu", "uuid", "namespace", "pod", "container"]
 _NOBODY = ContainerRef("", "", "")
 
@@ -78,7 +82,7 @@ class GpuMetrics(Collector):
         self._lock = threading.Lock()
         self._sweep_lock = threading.Lock()
         self._health: dict[str, bool] = {}
-        self._xids: dict[tuple[str, int], int] = {}
+        self._xids: dict[tuple[str, str], int] = {}
         self._last_sweep: float | None = None
         self._samples: dict[str, GpuSample | None] = {}
         self._holders: dict[str, list[ContainerRef]] = {}
@@ -95,9 +99,14 @@ class GpuMetrics(Collector):
             self._health[uuid] = healthy
 
     def record_xid(self, uuid: str, xid: int) -> None:
-        """Count one XID of a GPU (or a MIG device's parent: pass the GPU's UUID)."""
+        """Count one XID of a GPU (or a MIG device's parent: pass the GPU's UUID).
+
+        Codes up to :data:`MAX_XID_LABEL` are counted by value, others as ``other``: the
+        label set stays bounded whatever NVML (or a fake) reports.
+        """
+        code = str(xid) if 0 <= xid <= MAX_XID_LABEL else "other"
         with self._lock:
-            self._xids[(uuid, xid)] = self._xids.get((uuid, xid), 0) + 1
+            self._xids[(uuid, code)] = self._xids.get((uuid, code), 0) + 1
 
     def close(self) -> None:
         """Unregister and close the PodResources channel."""
@@ -170,7 +179,7 @@ class GpuMetrics(Collector):
         samples: dict[str, GpuSample | None],
         holders: dict[str, list[ContainerRef]],
         health: dict[str, bool],
-        xids: dict[tuple[str, int], int],
+        xids: dict[tuple[str, str], int],
     ) -> list[Metric]:
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"{METRIC_PREFIX}_{name}", doc, labels=_LABELS)
@@ -208,5 +217,5 @@ class GpuMetrics(Collector):
         )
         index = {g.uuid: str(g.index) for g in gpus}
         for (uuid, code), count in sorted(xids.items()):
-            xid.add_metric([index.get(uuid, ""), uuid, str(code)], float(count))
+            xid.add_metric([index.get(uuid, ""), uuid, code], float(count))
         return [util, mem_util, used, total, power, temp, healthy, procs, xid]

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 
 from kubedevice.errors import AllocationError
 from kubedevice.nvidia.cdi import cdi_name
@@ -40,8 +41,9 @@ log = logging.getLogger(__name__)
 
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
 
-#: Topology-aware choice: ``(available (device id, GPU uuid) pairs, must-include ids, size)``.
-Prefer = Callable[[Sequence[tuple[str, str]], Sequence[str], int], list[str]]
+#: Topology-aware choice: ``(available (device id, GPU uuid) pairs, must-include ids, size,
+#: GPU uuid -> devices of it already taken)``.
+Prefer = Callable[[Sequence[tuple[str, str]], Sequence[str], int, Mapping[str, int]], list[str]]
 
 
 class GpuResourcePlugin(DevicePlugin):
@@ -160,10 +162,16 @@ class GpuResourcePlugin(DevicePlugin):
     async def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str]:
-        """The best-connected set (topology), replicas spread over GPUs first."""
+        """The best-connected set (topology), replicas spread over the least-loaded GPUs.
+
+        A GPU's load is how many of its devices of this resource were not offered: taken
+        by other containers (or Unhealthy, and then none of them is offered).
+        """
         if self.prefer is None:
             return default_preferred_allocation(available, must_include, size)
         pairs = [
             (d.id, self.entries[d.id].unit.parent_uuid) for d in available if d.id in self.entries
         ]
-        return self.prefer(pairs, [d.id for d in must_include], size)
+        load = Counter(e.unit.parent_uuid for e in self.entries.values())
+        load.subtract(gpu for _, gpu in pairs)
+        return self.prefer(pairs, [d.id for d in must_include], size, load)

@@ -3,9 +3,12 @@
 :class:`GpuPlugins` owns the SDK :class:`~kubedevice.plugin.PluginServer`, the
 :class:`~kubedevice.nvidia.health.HealthMonitor`, the CDI spec file and the config
 watcher. A reload (SIGHUP or a change of the file) is all-or-nothing: the new config and
-everything derived from it (devices, CDI spec) are built first; if any of it fails the
-old config keeps running untouched. It never exits the process; :func:`run_gpu_plugin` is
-the in-process entry point the CLI uses.
+everything derived from it (devices, CDI spec, labels) are built and checked first (each
+new resource as the SDK would serve it: names, socket names, socket path lengths); then
+the new resources are served through :class:`~kubedevice.plugin.swap.PluginSwap`, the
+CDI spec is written (the new resources are removed again if it cannot be), the change is
+committed, and the labels come last. A refused reload changes nothing. It never exits
+the process; :func:`run_gpu_plugin` is the in-process entry point the CLI uses.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from kubedevice.nvidia.cdi import build_spec, find_driver_files, write_spec
 from kubedevice.nvidia.config import Config, load_config
 from kubedevice.nvidia.devices import Inventory, build_inventory, read_numa_node
 from kubedevice.nvidia.health import HealthMonitor, HealthState
-from kubedevice.nvidia.labels import compute_labels, remove_feature_file, write_feature_file
+from kubedevice.nvidia.labels import node_labels, remove_feature_file, write_feature_file
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import Topology, build_topology, preferred_allocation
 from kubedevice.plugin.daemon import PluginDaemon, run_daemon
 from kubedevice.plugin.filewatch import FileChanges, file_digest
 from kubedevice.plugin.server import PluginServer
+from kubedevice.plugin.swap import PluginSwap
 
 if TYPE_CHECKING:
     from kubedevice.nvidia.metrics import GpuMetrics
@@ -40,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["GpuPlugins", "Hardware", "run_gpu_plugin"]
 
 log = logging.getLogger(__name__)
+
+#: How long stopping waits for the NVML event thread to leave its wait.
+_EVENT_THREAD_GRACE_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +209,13 @@ class GpuPlugins(PluginDaemon):
         derived = await asyncio.to_thread(self._derive, self._config)
         self.health = HealthState(self._config.health, self.hardware.parents)
         await self.server.start()
-        await self._apply(derived)
+        swap, fresh = self._swap(derived)
+        if derived.cdi_spec is not None:
+            await asyncio.to_thread(write_spec, derived.config.flags.cdi_dir, derived.cdi_spec)
+        await swap.apply()
+        await swap.finish()
+        self._commit(derived, fresh)
+        await self._write_labels(derived, None)
         self._sync_metrics()
         await self._sync_monitor()
         self._tasks.append(asyncio.create_task(self._reloader.run(), name="nvidia: reload"))
@@ -225,14 +238,17 @@ class GpuPlugins(PluginDaemon):
         if self._changes is not None:
             self._changes.close()
             self._changes = None
+        event_thread_done = True
         if self._monitor is not None:
-            await self._monitor.stop()
+            # Not for the event thread's NVML wait (real NVML cannot be woken): stopping
+            # takes milliseconds, and NVML is left to the process exit if it is still in it.
+            event_thread_done = await self._monitor.stop(grace=_EVENT_THREAD_GRACE_S)
             self._monitor = None
         if self._gpu_metrics is not None:
             self._gpu_metrics.close()
             self._gpu_metrics = None
         await self.server.stop()
-        if self.hardware.driver is not None:
+        if self.hardware.driver is not None and event_thread_done:
             with contextlib.suppress(NvmlError):
                 await asyncio.to_thread(self.backend.shutdown)
 
@@ -257,16 +273,7 @@ class GpuPlugins(PluginDaemon):
         prefer = None if topology is None else functools.partial(preferred_allocation, topology)
         labels = None
         if hw.driver is not None:
-            slicing = config.sharing.time_slicing
-            replicas = max((r.replicas for r in slicing.resources), default=1)
-            labels = compute_labels(
-                hw.driver,
-                hw.gpus,
-                hw.mig,
-                mig_strategy=config.flags.mig_strategy,
-                sharing_strategy="time-slicing" if slicing.resources else "none",
-                replicas=replicas,
-            )
+            labels = node_labels(config, hw.driver, hw.gpus, hw.mig)
         return _Derived(config, inventory, spec, prefer, labels)
 
     def _topology_for(self, sys_root: str) -> Topology | None:
@@ -279,17 +286,16 @@ class GpuPlugins(PluginDaemon):
         if hw.driver is None:
             return None
         if self._topology is None or self._topology[0] != sys_root:
-            numa = {g.uuid: read_numa_node(sys_root, g.pci_bus_id) for g in hw.gpus}
+            numa = {g.uuid: read_numa_node(sys_root, g.pci_bus_id, g.numa_node) for g in hw.gpus}
             self._topology = (sys_root, build_topology(self.backend, hw.gpus, numa))
         return self._topology[1]
 
-    async def _write_labels(self, derived: _Derived) -> None:
-        """Write the labels file; remove one this plugin wrote where it no longer belongs.
+    async def _write_labels(self, derived: _Derived, old_dir: str | None) -> None:
+        """Write the labels file; remove one this plugin wrote in ``old_dir`` if it moved.
 
         A directory that cannot be written is logged: the GPUs are served all the same.
         """
         new_dir = derived.config.flags.features_dir
-        old_dir = self._config.flags.features_dir if self._derived is not None else None
         try:
             if old_dir is not None and old_dir != new_dir:
                 await asyncio.to_thread(remove_feature_file, Path(old_dir))
@@ -306,12 +312,39 @@ class GpuPlugins(PluginDaemon):
     def _healthy(self, uuid: str) -> bool:
         return self.health is None or self._config.health.disabled or self.health.healthy(uuid)
 
-    async def _apply(self, derived: _Derived) -> None:
-        """Make ``derived`` the state in force: files first, then the plugins."""
+    def _swap(self, derived: _Derived) -> tuple[PluginSwap, list[GpuResourcePlugin]]:
+        """The plugins ``derived`` adds and removes, checked; nothing is touched.
+
+        Raises:
+            ConfigError: A new resource cannot be served (its name, its socket name taken
+                by another resource, a socket path too long).
+        """
         config = derived.config
-        if derived.cdi_spec is not None:
-            await asyncio.to_thread(write_spec, config.flags.cdi_dir, derived.cdi_spec)
-        await self._write_labels(derived)
+        slicing = config.sharing.time_slicing
+        wanted = derived.inventory.resources
+        fresh = [
+            GpuResourcePlugin(
+                name,
+                entries,
+                config.flags,
+                self._healthy,
+                shared=name in derived.inventory.shared,
+                fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
+                prefer=derived.prefer,
+            )
+            for name, entries in wanted.items()
+            if name not in self._plugins
+        ]
+        for plugin in fresh:
+            plugin.refresh()  # the list it starts with (refreshed again on commit)
+        gone = [p for n, p in self._plugins.items() if n not in wanted]
+        swap = PluginSwap(self.server, add=fresh, remove=gone)
+        swap.check()
+        return swap, fresh
+
+    def _commit(self, derived: _Derived, fresh: list[GpuResourcePlugin]) -> None:
+        """Make ``derived`` the state in force (after its new plugins are served)."""
+        config = derived.config
         self._derived = derived
         self._config = config
         self._device_gpu = {
@@ -323,35 +356,23 @@ class GpuPlugins(PluginDaemon):
             self.health.config = config.health
         slicing = config.sharing.time_slicing
         wanted = derived.inventory.resources
-        for name in [n for n in self._plugins if n not in wanted]:
-            await self.server.remove(name)
-            del self._plugins[name]
-            log.info("resource removed", extra={"resource": name})
+        plugins = {p.resource_name: p for p in fresh}
         for name, entries in wanted.items():
-            shared = name in derived.inventory.shared
-            plugin = self._plugins.get(name)
-            if plugin is None:
-                plugin = GpuResourcePlugin(
-                    name,
-                    entries,
-                    config.flags,
-                    self._healthy,
-                    shared=shared,
-                    fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
-                    prefer=derived.prefer,
-                )
-                plugin.refresh()
-                await self.server.add(plugin)
-                self._plugins[name] = plugin
-            else:
-                plugin.configure(
-                    entries,
-                    config.flags,
-                    shared,
-                    slicing.fail_requests_greater_than_one,
-                    derived.prefer,
-                )
-                plugin.refresh()
+            plugin = plugins.get(name) or self._plugins[name]
+            plugin.configure(
+                entries,
+                config.flags,
+                name in derived.inventory.shared,
+                slicing.fail_requests_greater_than_one,
+                derived.prefer,
+            )
+            plugins[name] = plugin
+        for name in self._plugins:
+            if name not in wanted:
+                log.info("resource removed", extra={"resource": name})
+        self._plugins = {name: plugins[name] for name in wanted}
+        for plugin in self._plugins.values():
+            plugin.refresh()
 
     async def _sync_monitor(self) -> None:
         """Run the health monitor exactly when NVML started and health is not disabled."""
@@ -422,7 +443,20 @@ class GpuPlugins(PluginDaemon):
                 log.info("config unchanged")
                 return
             derived = await asyncio.to_thread(self._derive, config)
-            await self._apply(derived)
+            # Everything that can be checked first, then the plugins (undone if the CDI
+            # spec cannot be written), then the commit; the labels last.
+            swap, fresh = self._swap(derived)
+            await swap.apply()
+            if derived.cdi_spec is not None:
+                try:
+                    await asyncio.to_thread(write_spec, config.flags.cdi_dir, derived.cdi_spec)
+                except ConfigError:
+                    await swap.undo()
+                    raise
+            old_features_dir = self._config.flags.features_dir
+            self._commit(derived, fresh)
+            await swap.finish()
+            await self._write_labels(derived, old_features_dir)
             self._sync_metrics()
             await self._sync_monitor()
             log.info("config reloaded", extra={"resources": ",".join(self._plugins)})
@@ -444,9 +478,10 @@ async def run_gpu_plugin(
 ) -> None:
     """Run the GPU plugin until ``stop`` is set.
 
-    ``wait_timeout_ms`` bounds each NVML event wait, and so how long stopping waits for
-    an event thread that does not answer ``interrupt()`` (real NVML answers at the end of
-    its current wait slice, the fake at once).
+    ``wait_timeout_ms`` bounds each NVML event wait. Stopping does not wait for it: the
+    event thread gets a few milliseconds to answer ``interrupt()`` (the fake answers at
+    once; real NVML only at the end of its current wait slice), then is left in its wait
+    and NVML is not shut down under it.
 
     Raises:
         NvmlError: NVML cannot start and ``failOnInitError`` is set.

@@ -15,14 +15,16 @@ Choosing ``size`` device IDs out of ``available`` (``(device_id, gpu_uuid)`` pai
 replica IDs ``<uuid>::<n>`` and index IDs work alike):
 
 1. the must-include IDs are kept, first, in their order;
-2. the other picks go to GPUs not yet used, as many distinct GPUs as possible
-   (replicas are spread over GPUs before two land on one);
-3. among those, the GPUs that maximise the set's score; exhaustively when there are at
-   most :data:`EXACT_LIMIT` combinations (always the case with up to 8 GPUs: at most
-   70), else greedy builds improved by 1-for-1 swaps (a fixed number of rounds), a few
-   milliseconds for 16 GPUs;
-4. any picks still wanted are further replicas, spread over the chosen GPUs, fewest
-   taken first.
+2. the other picks fill the GPUs up like water: each round takes the GPUs with the
+   fewest devices taken, counting those ``load`` says other containers hold and those
+   this answer holds, so replicas spread over GPUs before two land on one, and
+   time-sliced replicas spread over the node as NVIDIA's plugin balances them (four
+   1-replica pods on four GPUs get one GPU each; a pod lands on a busy GPU only when
+   it asks for it with must-include IDs, or when no idler GPU is left);
+3. when a round's GPUs outnumber the picks left, the ones that maximise the set's
+   score; exhaustively when there are at most :data:`EXACT_LIMIT` combinations (always
+   the case with up to 8 GPUs: at most 70), else greedy builds improved by 1-for-1
+   swaps (a fixed number of rounds), a few milliseconds for 16 GPUs.
 
 Ties go to the earlier GPU in the offered order, so the answer is deterministic.
 """
@@ -116,6 +118,7 @@ def preferred_allocation(
     available: Sequence[tuple[str, str]],
     must_include: Sequence[str],
     size: int,
+    load: Mapping[str, int] | None = None,
 ) -> list[str]:
     """The device IDs to allocate: must-include first, then the best-connected picks.
 
@@ -124,6 +127,8 @@ def preferred_allocation(
         available: ``(device_id, gpu_uuid)`` pairs offered by the kubelet.
         must_include: IDs that must be in the answer (kept even if not offered).
         size: How many IDs are wanted in total.
+        load: GPU UUID -> how many of its devices (replicas) are taken already; the
+            least-loaded GPUs are preferred. ``None``: every GPU counts as idle.
 
     Returns:
         ``max(size, len(must_include))`` distinct IDs when enough were offered
@@ -145,31 +150,25 @@ def preferred_allocation(
     for dev in chosen:
         g = _gpu_of(dev, owner)
         used[g] = used.get(g, 0) + 1
-    fixed = list(used)
-    candidates = [g for g in free if g not in used]
-    new = _best_gpus(topology, fixed, candidates, min(want, len(candidates)))
-    for g in new:
-        chosen.append(free[g].pop(0))
-        used[g] = 1
-        want -= 1
-    # More replicas than distinct GPUs: fewest taken first, then best connected to the set.
+    # Water-filling: each round takes the GPUs with the fewest devices taken (before and
+    # by this request) that still have a free one; when that tier holds more GPUs than
+    # picks are left, the best connected to the GPUs chosen so far win.
+    load = load or {}
+    level = {g: load.get(g, 0) + used.get(g, 0) for g in free}
+    members = list(used)
     while want > 0:
-        pool = [g for g in free if free[g] and g in used]
-        if not pool:
-            pool = [g for g in free if free[g]]
-            if not pool:
-                break
-        members = list(used)
-        g = min(
-            pool,
-            key=lambda c: (
-                used.get(c, 0),
-                -sum(pair_score(topology, c, m) for m in members),
-            ),
-        )
-        chosen.append(free[g].pop(0))
-        used[g] = used.get(g, 0) + 1
-        want -= 1
+        open_gpus = [g for g in free if free[g]]
+        if not open_gpus:
+            break
+        low = min(level[g] for g in open_gpus)
+        tier = [g for g in open_gpus if level[g] == low]
+        for g in _best_gpus(topology, members, tier, min(want, len(tier))):
+            chosen.append(free[g].pop(0))
+            level[g] += 1
+            want -= 1
+            if g not in used:
+                members.append(g)
+            used[g] = used.get(g, 0) + 1
     return chosen
 
 

@@ -94,6 +94,20 @@ class _SocketWiped(PluginServerError):
     """Our temporary socket was deleted between bind and link (a kubelet restarting)."""
 
 
+def _tmp_path(path: Path, n: int) -> Path:
+    """The temporary name gRPC binds under before the socket is linked to ``path``."""
+    return path.with_name(f".kd-{os.getpid()}-{n}.sock")
+
+
+def _check_path_length(*paths: Path) -> None:
+    for candidate in paths:
+        if len(os.fsencode(candidate)) > MAX_SOCKET_PATH_BYTES:
+            raise PluginServerError(
+                f"socket path {candidate} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
+                "use a shorter device plugin directory or socket name"
+            )
+
+
 class _Runtime:
     """One plugin inside a server: its table, gRPC server, source and registration loop."""
 
@@ -179,13 +193,8 @@ class _Runtime:
                 fails with :class:`PluginServerError`.
         """
         path = self.socket_path
-        tmp = path.with_name(f".kd-{os.getpid()}-{next(_TMP_NAMES)}.sock")
-        for candidate in (path, tmp):
-            if len(os.fsencode(candidate)) > MAX_SOCKET_PATH_BYTES:
-                raise PluginServerError(
-                    f"socket path {candidate} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
-                    "use a shorter device plugin directory or socket name"
-                )
+        tmp = _tmp_path(path, next(_TMP_NAMES))
+        _check_path_length(path, tmp)
         replace = False
         try:
             st = path.lstat()
@@ -633,6 +642,30 @@ class PluginServer:
             await asyncio.to_thread(http.shutdown)  # blocks up to its poll interval
             http.server_close()
 
+    def check_plugin(self, plugin: DevicePlugin) -> tuple[str, str]:
+        """What :meth:`add` checks before it binds: names, hooks, the socket path's length.
+
+        Nothing is changed; :class:`~kubedevice.plugin.swap.PluginSwap` calls it for every
+        plugin of a reload before touching any.
+
+        Returns:
+            The plugin's resource name and socket file name.
+
+        Raises:
+            InvalidResourceNameError: The kubelet would reject the resource name.
+            ConfigError: The socket name is not a bare file name, or a hook cannot take
+                the server's arguments.
+            PluginServerError: The socket path would be longer than AF_UNIX allows.
+        """
+        if not isinstance(plugin, DevicePlugin):
+            raise ConfigError(f"{plugin!r} is not a kubedevice.DevicePlugin")
+        resource = plugin.validated_resource_name()
+        socket_name = validate_socket_name(plugin.effective_socket_name())
+        check_hooks(plugin)
+        path = self.device_plugin_dir / socket_name
+        _check_path_length(path, _tmp_path(path, 0))
+        return resource, socket_name
+
     async def add(self, plugin: DevicePlugin) -> None:
         """Start serving ``plugin`` and register it (registration continues in the background).
 
@@ -649,11 +682,7 @@ class PluginServer:
                 cannot take the server's arguments.
             PluginServerError: The server is not running, or the socket cannot be bound.
         """
-        if not isinstance(plugin, DevicePlugin):
-            raise ConfigError(f"{plugin!r} is not a kubedevice.DevicePlugin")
-        resource = plugin.validated_resource_name()
-        socket_name = validate_socket_name(plugin.effective_socket_name())
-        check_hooks(plugin)
+        resource, socket_name = self.check_plugin(plugin)
         async with self._lock:
             if self.state is not ServerState.RUNNING:
                 raise PluginServerError("the PluginServer is not running (use 'async with')")
