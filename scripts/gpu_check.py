@@ -13,6 +13,7 @@ No cluster is needed: the kubelet emulator runs in this process and
    exactly one GPU, the allocated one; an unknown UUID makes it see none.
 6. While that process computes, a metrics scrape shows the GPU's utilization above 0 and
    the pod's namespace/pod/container labels.
+7. The plugin's resident memory while serving, then SIGTERM -> exit (timed, exit 0).
 
 Without NVML (no ``nvidia-ml-py``, no driver) it prints one line and exits 2. Any failed
 check exits 1 with the JSON saying which. Nothing is changed on the host except temp files.
@@ -126,6 +127,18 @@ def _nvml() -> tuple[float, list[str]]:
     if not uuids:
         _fail_no_nvml("NVML lists no GPU")
     return init_s, uuids
+
+
+def _rss_mb(pid: int) -> float | None:
+    """The resident set of a process in MB (from /proc), ``None`` if it cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def _all_exist(target: Target, paths: list[str]) -> bool:
@@ -245,9 +258,12 @@ async def _check(result: dict[str, Any], nvml_uuids: list[str], target: Target, 
                 target.control, {"op": "sample", "uuid": uuid, "values": {"utilization_gpu": 55}}
             )
             await _metrics_checks(result, uuid, port)
+        result["plugin_rss_mb"] = _rss_mb(plugin.pid)
+        t_term = time.monotonic()
         plugin.terminate()
         async with asyncio.timeout(15):
             checks["plugin_clean_exit"] = await plugin.wait() == 0
+        timings["sigterm_to_exit"] = (time.monotonic() - t_term) * 1000
     finally:
         if plugin is not None and plugin.returncode is None:
             plugin.kill()

@@ -84,7 +84,9 @@ def test_rehearsal_on_the_h200_recording_passes_every_check() -> None:
         "start_to_registered",
         "pod_admitted",
         "allocate",
+        "sigterm_to_exit",
     }
+    assert result["plugin_rss_mb"] > 10  # read from /proc while the plugin served
     assert 'pod="gpu-check"' in result["metrics_line"]
 
 
