@@ -653,3 +653,23 @@ def test_main_exits_2_with_one_line_for_a_bad_first_list(sock_dir: Path) -> None
         "example.com/dev cannot be served"
     )
     assert "Traceback" not in proc.stderr
+
+
+async def test_stop_does_not_wait_out_the_metrics_servers_poll_interval(
+    sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HTTP server's ``serve_forever`` polls for shutdown every ``poll_interval``; with an
+    interval of an hour, stop() still returns: it wakes the loop instead of waiting."""
+    import functools
+    import socketserver
+
+    monkeypatch.setattr(
+        socketserver.BaseServer,
+        "serve_forever",
+        functools.partialmethod(socketserver.BaseServer.serve_forever, poll_interval=3600),
+    )
+    server = kubedevice.PluginServer(sock_dir, metrics_address="127.0.0.1:0")
+    await server.start()
+    assert server.metrics_url is not None
+    await asyncio.wait_for(server.stop(), 30)
+    assert server.metrics_url is None
