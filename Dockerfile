@@ -8,9 +8,9 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md LICENSE ./
 COPY src ./src
-# Wheels for kubedevice with the generic and nvidia extras and everything they need, at the
+# Wheels for kubedevice with the generic, nvidia and dra extras and everything they need, at the
 # pinned versions.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[generic,nvidia]" dumb-init
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[generic,nvidia,dra]" dumb-init
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
@@ -27,7 +27,7 @@ LABEL org.opencontainers.image.title="kubedevice" \
 COPY --from=build /wheels /wheels
 COPY constraints.txt /tmp/constraints.txt
 RUN pip install --no-cache-dir --no-index --find-links /wheels -c /tmp/constraints.txt \
-        "kubedevice[generic,nvidia]" dumb-init \
+        "kubedevice[generic,nvidia,dra]" dumb-init \
     && rm -rf /wheels /tmp/constraints.txt
 # The plugin must create its socket in the kubelet's root-owned 0750 directory, so it runs as
 # uid 0, but the DaemonSet drops every capability and has a read-only root file system.

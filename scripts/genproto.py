@@ -23,6 +23,10 @@ SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 PROTOS = (
     "kubedevice/_api/deviceplugin/v1beta1/api.proto",
     "kubedevice/_api/podresources/v1/api.proto",
+    "kubedevice/_api/dra/v1/api.proto",
+    "kubedevice/_api/dra/v1beta1/api.proto",
+    "kubedevice/_api/pluginregistration/v1/api.proto",
+    "kubedevice/_api/drahealth/v1alpha1/api.proto",
 )
 
 

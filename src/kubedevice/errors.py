@@ -15,6 +15,8 @@
     │   └── PluginRpcError           an RPC the emulator issued to a plugin failed
     ├── NvmlError                    an NVML call failed (GPU plugin; NotSupported is not one)
     ├── ConformanceFailure           a conformance run found a MUST failure
+    ├── ClaimError                   a DRA claim cannot be prepared (its text goes to the kubelet)
+    ├── KubeApiError                 the Kubernetes API server refused a DRA driver's call
     └── AdvertiseError               the API server refused a node-status patch or was unreachable
 
 Library code raises these and never exits the process; only the CLI maps them to exit
@@ -28,10 +30,12 @@ __all__ = [
     "AdvertiseError",
     "AllocationError",
     "CheckpointError",
+    "ClaimError",
     "ConfigError",
     "ConformanceFailure",
     "EmulatorError",
     "InvalidResourceNameError",
+    "KubeApiError",
     "KubeDeviceError",
     "ManifestError",
     "NvmlError",
@@ -111,6 +115,21 @@ class PluginRpcError(EmulatorError):
 
 class ConformanceFailure(KubeDeviceError):
     """A conformance run found at least one MUST failure."""
+
+
+class ClaimError(KubeDeviceError):
+    """A DRA claim cannot be prepared or unprepared; the text is that claim's ``error``."""
+
+
+class KubeApiError(KubeDeviceError):
+    """The Kubernetes API server refused a DRA driver's request or was unreachable.
+
+    ``status`` is the HTTP status (0 when the server was not reached).
+    """
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        self.status = status
+        super().__init__(message)
 
 
 class NvmlError(KubeDeviceError):

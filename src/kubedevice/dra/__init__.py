@@ -1,0 +1,84 @@
+"""kubedevice.dra: write a Kubernetes DRA driver (kubelet plugin) in Python.
+
+STATUS (for the drivers being built on this kit; the public API below is stable):
+- ready: the device model (``Device``, typed attributes str/int/bool/``Version``,
+  capacities as ``Quantity``, ``Health``), the driver interface (``Driver.devices``,
+  ``prepare(Claim)``, ``unprepare(PreparedClaim)``) and the entry points (``serve``,
+  ``run``, ``main``, ``argument_parser``, ``options_from_args``, ``cleanup``,
+  ``DriverOptions``).
+- being built behind them: the DRA/registration/health gRPC services, the prepared-claim
+  checkpoint, CDI specs, ResourceSlice publishing (``kubedevice.dra.server`` and friends).
+
+A driver author subclasses :class:`Driver`: :meth:`Driver.devices` yields the node's
+devices (a full list on every change), :meth:`Driver.prepare` says what a claim's
+containers get (the default: each device's own ``edits``) and :meth:`Driver.unprepare`
+undoes it. The kit registers with the kubelet, serves ``v1.DRAPlugin`` and
+``v1beta1.DRAPlugin`` (and ``v1alpha1.DRAResourceHealth``), reads each claim from the API
+server, writes one CDI spec per claim, keeps a checkpoint of prepared claims, and
+publishes the devices as ResourceSlices of the node's pool.
+
+Plugin side: never imports the kubelet emulator or the conformance kit.
+"""
+
+from __future__ import annotations
+
+from kubedevice.dra.driver import Driver
+from kubedevice.dra.runner import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_KUBELET_DIR,
+    ENV_NODE_NAME,
+    DriverOptions,
+    argument_parser,
+    cleanup,
+    main,
+    options_from_args,
+    run,
+    serve,
+)
+from kubedevice.dra.types import (
+    AllocatedDevice,
+    AttributeValue,
+    Claim,
+    ClaimRef,
+    ContainerEdits,
+    Device,
+    DeviceNode,
+    Health,
+    Mount,
+    OpaqueConfig,
+    PreparedClaim,
+    PreparedDevice,
+    Quantity,
+    Version,
+)
+from kubedevice.errors import ClaimError, KubeApiError
+
+__all__ = [
+    "DEFAULT_CDI_DIR",
+    "DEFAULT_KUBELET_DIR",
+    "ENV_NODE_NAME",
+    "AllocatedDevice",
+    "AttributeValue",
+    "Claim",
+    "ClaimError",
+    "ClaimRef",
+    "ContainerEdits",
+    "Device",
+    "DeviceNode",
+    "Driver",
+    "DriverOptions",
+    "Health",
+    "KubeApiError",
+    "Mount",
+    "OpaqueConfig",
+    "PreparedClaim",
+    "PreparedDevice",
+    "Quantity",
+    "Version",
+    "argument_parser",
+    "cleanup",
+    "main",
+    "options_from_args",
+    "run",
+    "serve",
+]

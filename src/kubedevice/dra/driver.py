@@ -1,0 +1,62 @@
+"""The driver interface a DRA driver author implements: devices and prepare/unprepare hooks.
+
+The kit (``kubedevice.dra``) does the rest: registration with the kubelet, the DRA gRPC
+services, reading claims, CDI specs, the prepared-claim checkpoint, ResourceSlices and the
+health stream. Imports nothing from the kubelet side.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from typing import ClassVar
+
+from kubedevice.dra.types import Claim, Device, PreparedClaim, PreparedDevice
+from kubedevice.errors import ClaimError
+
+__all__ = ["Driver"]
+
+
+class Driver(abc.ABC):
+    """Subclass it: set :attr:`driver_name`, write :meth:`devices`, optionally the hooks.
+
+    Hooks may be ``async def`` (run on the event loop) or plain ``def`` (run in a thread).
+    A hook that raises :class:`~kubedevice.errors.ClaimError` fails that claim with the
+    error's text; any other exception fails it with its type and text (logged with its
+    traceback); the other claims of the same call are unaffected.
+    """
+
+    #: The driver's name, a DNS subdomain (``gpu.example.com``); ``--driver-name`` and
+    #: :class:`~kubedevice.dra.DriverOptions` override it.
+    driver_name: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def devices(self) -> AsyncIterator[Sequence[Device]]:
+        """Yield the full device list now, and again whenever it changes (hot-plug, health).
+
+        Each snapshot replaces the previous one: the kit republishes the ResourceSlices
+        and sends the health stream. Names must be unique in a snapshot.
+        """
+
+    async def prepare(self, claim: Claim) -> Sequence[PreparedDevice]:
+        """Prepare ``claim``'s devices on this node; return what each device's containers get.
+
+        Called once per claim UID (a claim shared by several pods, or asked again, is
+        answered from the checkpoint). Apply ``claim.configs`` (or each device's
+        ``configs``, already filtered per request and in order) here.
+
+        The default gives each device its own :attr:`Device.edits`, and fails the claim
+        if a device is no longer published.
+        """
+        prepared: list[PreparedDevice] = []
+        for allocated in claim.devices:
+            if allocated.device is None:
+                raise ClaimError(f"device {allocated.name} is not on this node any more")
+            prepared.append(PreparedDevice(allocated, allocated.device.edits))
+        return prepared
+
+    async def unprepare(self, claim: PreparedClaim) -> None:  # noqa: B027 (optional hook)
+        """Undo :meth:`prepare` for ``claim`` (also for claims prepared before a restart).
+
+        The default does nothing (the kit removes the claim's CDI spec itself).
+        """

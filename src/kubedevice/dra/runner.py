@@ -1,0 +1,277 @@
+"""Ways to run a DRA driver: ``serve()`` (coroutine), ``run()`` (blocking), ``main()`` (CLI).
+
+``argument_parser()`` gives ``main``'s flags to authors who add options of their own;
+``options_from_args()`` turns parsed flags into :class:`DriverOptions`. ``cleanup()`` removes
+a driver's ResourceSlices on this node and its CDI specs (``--cleanup``, on uninstall).
+Library code never exits the process itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from kubedevice.dra.driver import Driver
+from kubedevice.dra.settings import Settings
+from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.signals import stop_on_signals
+
+__all__ = [
+    "DEFAULT_CDI_DIR",
+    "DEFAULT_KUBELET_DIR",
+    "ENV_NODE_NAME",
+    "DriverOptions",
+    "argument_parser",
+    "cleanup",
+    "main",
+    "options_from_args",
+    "run",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+#: The kubelet's root directory; its ``plugins_registry/`` and ``plugins/`` are used.
+DEFAULT_KUBELET_DIR: Final = Path("/var/lib/kubelet")
+#: Where CDI specs for the container runtime are written (CDI's dynamic spec directory).
+DEFAULT_CDI_DIR: Final = Path("/var/run/cdi")
+#: The environment variable ``--node-name`` defaults to (set it from the downward API).
+ENV_NODE_NAME: Final = "NODE_NAME"
+
+_LEVELS: Final = ("debug", "info", "warning", "error")
+_FORMATS: Final = ("text", "json")
+
+
+@dataclass(frozen=True, slots=True)
+class DriverOptions:
+    """Where and as what a driver runs.
+
+    Args:
+        driver_name: The driver's name; ``None`` takes :attr:`Driver.driver_name`.
+        node_name: This node's name (the pool's name too); ``None`` takes ``$NODE_NAME``.
+        kubelet_dir: The kubelet's root dir (``plugins_registry/``, ``plugins/<driver>/``).
+        cdi_dir: Where the claims' CDI specs are written.
+        kubeconfig: A kubeconfig file; ``None`` uses the in-cluster service account.
+        publish: Publish ResourceSlices (off: the driver only serves the kubelet).
+        health: Serve the ``v1alpha1.DRAResourceHealth`` stream.
+    """
+
+    driver_name: str | None = None
+    node_name: str | None = None
+    kubelet_dir: Path = DEFAULT_KUBELET_DIR
+    cdi_dir: Path = DEFAULT_CDI_DIR
+    kubeconfig: Path | None = None
+    publish: bool = True
+    health: bool = True
+
+    def resolved(self, driver: Driver) -> Settings:
+        """These options with the driver name and node name filled in and checked.
+
+        Raises:
+            ConfigError: No driver name or node name, or one the API would refuse.
+        """
+        from kubedevice.dra.names import check_driver_name, check_node_name
+
+        driver_name = self.driver_name or driver.driver_name
+        node_name = self.node_name or os.environ.get(ENV_NODE_NAME, "")
+        if not driver_name:
+            raise ConfigError("no driver name: set Driver.driver_name or --driver-name")
+        if not node_name:
+            raise ConfigError(f"no node name: pass --node-name or set ${ENV_NODE_NAME}")
+        check_driver_name(driver_name)
+        check_node_name(node_name)
+        return Settings(
+            driver_name=driver_name,
+            node_name=node_name,
+            kubelet_dir=Path(self.kubelet_dir),
+            cdi_dir=Path(self.cdi_dir),
+            kubeconfig=Path(self.kubeconfig) if self.kubeconfig else None,
+            publish=self.publish,
+            health=self.health,
+        )
+
+
+async def serve(
+    driver: Driver,
+    options: DriverOptions | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Serve ``driver`` until ``stop`` is set (forever if ``None``), then stop cleanly.
+
+    Serves the DRA services on ``<kubelet dir>/plugins/<driver>/dra.sock``, registers on
+    ``<kubelet dir>/plugins_registry/<driver>-reg.sock`` (again whenever the kubelet
+    restarts or the socket is removed), publishes the ResourceSlices of this node's pool
+    and keeps them in step with :meth:`Driver.devices`.
+
+    Args:
+        driver: The driver.
+        options: Where and as what it runs (defaults: :class:`DriverOptions`).
+        stop: Set it to stop serving.
+        ready: Set once the DRA socket serves and the registration socket is up.
+
+    Raises:
+        ConfigError: A bad option (driver name, node name, kubeconfig).
+        KubeDeviceError: The sockets could not be served.
+    """
+    from kubedevice.dra.server import DriverServer
+
+    resolved = (options or DriverOptions()).resolved(driver)
+    stop = stop or asyncio.Event()
+    async with DriverServer(driver, resolved) as server:
+        if ready is not None:
+            ready.set()
+        stopped = asyncio.ensure_future(stop.wait())
+        failed = asyncio.ensure_future(server.wait_failed())
+        try:
+            await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            failed.cancel()
+            log.info("stopping")
+        if failed.done() and not failed.cancelled() and failed.exception() is None:
+            error = failed.result()
+            if error is not None:
+                raise error
+
+
+def run(driver: Driver, options: DriverOptions | None = None) -> int:
+    """Serve ``driver`` until SIGTERM or SIGINT, then stop cleanly. Blocks.
+
+    Returns:
+        0 after a clean stop.
+    """
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            await serve(driver, options, stop=stop)
+
+    asyncio.run(_main())
+    return 0
+
+
+async def cleanup(driver: Driver, options: DriverOptions | None = None) -> int:
+    """Remove the driver's ResourceSlices on this node and the CDI specs it wrote.
+
+    Returns:
+        How many slices and spec files were removed.
+
+    Raises:
+        ConfigError: A bad option.
+        KubeApiError: The API server refused or could not be reached.
+    """
+    from kubedevice.dra.cdi import CdiWriter
+    from kubedevice.dra.kube import KubeClient
+    from kubedevice.dra.slices import delete_slices
+
+    resolved = (options or DriverOptions()).resolved(driver)
+    removed = CdiWriter(resolved.cdi_dir, resolved.driver_name).remove_all()
+    client = await asyncio.to_thread(KubeClient.connect, resolved.kubeconfig)
+    try:
+        removed += await delete_slices(client, resolved.driver_name, resolved.node_name)
+    finally:
+        client.close()
+    return removed
+
+
+def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The command-line parser :func:`main` uses, for authors to add their own options.
+
+    Flags: ``--driver-name``, ``--node-name`` (default ``$NODE_NAME``), ``--kubelet-dir``,
+    ``--cdi-dir``, ``--kubeconfig`` (default: in-cluster), ``--no-health``, ``--cleanup``,
+    ``--log-level``, ``--log-format``.
+    """
+    parser = argparse.ArgumentParser(
+        description=description or "Run a Kubernetes DRA driver (kubelet plugin).",
+        epilog=f"Environment: {ENV_NODE_NAME} gives the default of --node-name.",
+    )
+    parser.add_argument("--driver-name", default=None, help="the driver's name (a DNS subdomain)")
+    parser.add_argument(
+        "--node-name",
+        default=None,
+        help=f"this node's name, also the pool's (default ${ENV_NODE_NAME})",
+    )
+    parser.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=DEFAULT_KUBELET_DIR,
+        help=f"the kubelet's root directory (default {DEFAULT_KUBELET_DIR})",
+    )
+    parser.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=DEFAULT_CDI_DIR,
+        help=f"where CDI specs are written (default {DEFAULT_CDI_DIR})",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="a kubeconfig file (default: the in-cluster service account)",
+    )
+    parser.add_argument(
+        "--no-health", action="store_true", help="do not serve the device health stream"
+    )
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="remove this driver's ResourceSlices on this node and its CDI specs, then exit",
+    )
+    parser.add_argument("--log-level", default="info", choices=_LEVELS)
+    parser.add_argument("--log-format", default="text", choices=_FORMATS)
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> DriverOptions:
+    """The :class:`DriverOptions` of flags parsed by :func:`argument_parser`'s parser."""
+    return DriverOptions(
+        driver_name=args.driver_name,
+        node_name=args.node_name,
+        kubelet_dir=args.kubelet_dir,
+        cdi_dir=args.cdi_dir,
+        kubeconfig=args.kubeconfig,
+        health=not args.no_health,
+    )
+
+
+def main(
+    driver: Driver,
+    argv: Sequence[str] | None = None,
+    args: argparse.Namespace | None = None,
+) -> int:
+    """Parse the standard flags, configure logging and :func:`run` (or :func:`cleanup`).
+
+    Returns:
+        The exit status: 0 after a clean stop, 2 for a bad flag or environment, 1 when
+        ``--cleanup`` could not finish.
+    """
+    if args is None:
+        args = argument_parser().parse_args(argv)
+    from kubedevice.log import configure_logging
+
+    configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
+    options = options_from_args(args)
+    if args.cleanup:
+        try:
+            removed = asyncio.run(cleanup(driver, options))
+        except ConfigError as exc:
+            log.error("%s", exc)
+            return 2
+        except KubeDeviceError as exc:
+            log.error("cleanup: %s", exc)
+            return 1
+        log.info("cleanup: removed %d ResourceSlices and CDI specs", removed)
+        return 0
+    try:
+        return run(driver, options)
+    except KubeDeviceError as exc:
+        log.error("%s", exc)
+        return 2

@@ -1,0 +1,50 @@
+"""The settings a running driver works with: names checked, every path derived once.
+
+Built by :meth:`kubedevice.dra.DriverOptions.resolved`; the server, the publisher, the
+checkpoint and the CDI writer take these, never the raw options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubedevice.dra.names import dra_socket_path, registration_socket_path
+
+__all__ = ["CHECKPOINT_FILE", "Settings"]
+
+#: The prepared-claim checkpoint, in the driver's plugin dir (``plugins/<driver>/``).
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Resolved driver settings (see :class:`kubedevice.dra.DriverOptions`)."""
+
+    driver_name: str
+    node_name: str
+    kubelet_dir: Path
+    cdi_dir: Path
+    kubeconfig: Path | None
+    publish: bool
+    health: bool
+
+    @property
+    def plugin_dir(self) -> Path:
+        """``<kubelet dir>/plugins/<driver>/``: the DRA socket and the checkpoint."""
+        return self.dra_socket.parent
+
+    @property
+    def dra_socket(self) -> Path:
+        """The DRA services' socket (the registration's endpoint)."""
+        return dra_socket_path(self.kubelet_dir, self.driver_name)
+
+    @property
+    def registration_socket(self) -> Path:
+        """The Registration service's socket in the kubelet's ``plugins_registry/``."""
+        return registration_socket_path(self.kubelet_dir, self.driver_name)
+
+    @property
+    def checkpoint(self) -> Path:
+        """The prepared-claim checkpoint file."""
+        return self.plugin_dir / CHECKPOINT_FILE

@@ -1,0 +1,335 @@
+"""The DRA device model and what the prepare hook receives and returns.
+
+Plain frozen dataclasses, validated when built (a bad name or value is a
+:class:`~kubedevice.errors.ConfigError` naming the device and field). No gRPC, protobuf or
+Kubernetes client type appears here. Imports nothing from the kubelet side.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
+
+from kubedevice.errors import ConfigError
+
+__all__ = [
+    "MAX_ATTRIBUTES_AND_CAPACITIES",
+    "AllocatedDevice",
+    "AttributeValue",
+    "Claim",
+    "ClaimRef",
+    "ContainerEdits",
+    "Device",
+    "DeviceNode",
+    "Health",
+    "Mount",
+    "OpaqueConfig",
+    "PreparedClaim",
+    "PreparedDevice",
+    "Quantity",
+    "Version",
+]
+
+#: resource.k8s.io/v1: at most 32 attributes and capacities together per device.
+MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
+
+# A DNS label: the device name in a ResourceSlice (and a pool/claim-request name).
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A DNS subdomain (attribute prefixes, driver names).
+_DNS_SUBDOMAIN: Final = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+# resource.k8s.io: an attribute/capacity name is a C identifier of at most 32 characters.
+_C_IDENTIFIER: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+# Semantic Versioning 2.0.0 (the grammar from semver.org), as the API server checks it.
+_SEMVER: Final = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+# A Kubernetes resource.Quantity in its canonical string forms.
+_QUANTITY: Final = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
+_MAX_STRING_ATTRIBUTE: Final = 64  # resource.k8s.io/v1: a string or version attribute value
+
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+def _empty() -> Mapping[str, Any]:
+    return _EMPTY
+
+
+class Health(enum.StrEnum):
+    """Health of a DRA device, as the kubelet's health API names it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A semantic-version attribute value (``version`` in a ResourceSlice), e.g. ``"12.4.0"``.
+
+    CEL compares these with ``semver(...)``; a plain string attribute would compare as text.
+    """
+
+    value: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, str) or not _SEMVER.match(self.value):
+            raise ConfigError(f"version {self.value!r} is not a semantic version (like 1.2.3)")
+        if len(self.value) > _MAX_STRING_ATTRIBUTE:
+            raise ConfigError(f"version {self.value!r} is longer than {_MAX_STRING_ATTRIBUTE}")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A capacity value (a Kubernetes quantity): ``Quantity("80Gi")`` or ``Quantity(8)``.
+
+    Capacities may also be given as plain ``int`` or ``str`` in :attr:`Device.capacity`.
+    """
+
+    value: str
+
+    def __post_init__(self) -> None:
+        text = str(self.value) if isinstance(self.value, int) else self.value
+        if isinstance(self.value, bool) or not isinstance(text, str) or not _QUANTITY.match(text):
+            raise ConfigError(f"capacity {self.value!r} is not a Kubernetes quantity (like 80Gi)")
+        object.__setattr__(self, "value", text)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: An attribute value: string, integer, boolean or semantic version.
+AttributeValue: TypeAlias = str | int | bool | Version
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A device node the container gets (CDI ``deviceNodes``): ``path`` in the container."""
+
+    path: str
+    host_path: str | None = None
+    permissions: str = "rw"
+
+    def __post_init__(self) -> None:
+        for name in ("path", "host_path"):
+            value = getattr(self, name)
+            if value is not None and not str(value).startswith("/"):
+                raise ConfigError(f"device node {name} {value!r} must be an absolute path")
+        if not self.permissions or set(self.permissions) - set("rwm"):
+            raise ConfigError(f"device node permissions {self.permissions!r}: only r, w and m")
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A bind mount the container gets (CDI ``mounts``)."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("host_path", "container_path"):
+            if not str(getattr(self, name)).startswith("/"):
+                raise ConfigError(f"mount {name} {getattr(self, name)!r} must be absolute")
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEdits:
+    """What a container gets for a device: env, device nodes, mounts (CDI ``containerEdits``)."""
+
+    env: Mapping[str, str] = field(default_factory=_empty)
+    device_nodes: Sequence[DeviceNode] = ()
+    mounts: Sequence[Mount] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "device_nodes", tuple(self.device_nodes))
+        object.__setattr__(self, "mounts", tuple(self.mounts))
+        for key in self.env:
+            if not key or "=" in key:
+                raise ConfigError(f"env name {key!r} is empty or contains '='")
+
+    def __bool__(self) -> bool:
+        return bool(self.env or self.device_nodes or self.mounts)
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device of the driver, as published in the node's ResourceSlices.
+
+    Args:
+        name: Unique in the driver's pool on this node; a DNS label (``gpu-0``).
+        attributes: Typed attributes. A bare name (``model``) is in the driver's domain
+            (CEL: ``device.attributes["<driver>"].model``); a qualified one
+            (``resource.kubernetes.io/pciBusID``) keeps its domain.
+        capacity: Capacities as quantities (``{"memory": "80Gi"}``).
+        health: Unhealthy devices are left out of the slices (no new allocation) and
+            reported on the health stream.
+        edits: What a container using the device gets, unless the driver's ``prepare``
+            hook says otherwise (the default hook uses these).
+    """
+
+    name: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=_empty)
+    capacity: Mapping[str, Quantity | int | str] = field(default_factory=_empty)
+    health: Health = Health.HEALTHY
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _DNS_LABEL.match(self.name):
+            raise ConfigError(
+                f"device name {self.name!r} is not a DNS label (lower-case a-z, 0-9, '-', "
+                "at most 63)"
+            )
+        attributes: dict[str, AttributeValue] = {}
+        for key, value in self.attributes.items():
+            _check_qualified_name(self.name, "attribute", key)
+            if isinstance(value, str) and len(value) > _MAX_STRING_ATTRIBUTE:
+                raise ConfigError(
+                    f"device {self.name}: attribute {key}: a string is at most "
+                    f"{_MAX_STRING_ATTRIBUTE} characters"
+                )
+            if not isinstance(value, str | int | bool | Version):
+                raise ConfigError(
+                    f"device {self.name}: attribute {key}: {type(value).__name__} is not "
+                    "str, int, bool or Version"
+                )
+            attributes[key] = value
+        capacity: dict[str, Quantity] = {}
+        for key, quantity in self.capacity.items():
+            _check_qualified_name(self.name, "capacity", key)
+            try:
+                capacity[key] = quantity if isinstance(quantity, Quantity) else Quantity(quantity)  # type: ignore[arg-type]
+            except ConfigError as exc:
+                raise ConfigError(f"device {self.name}: capacity {key}: {exc}") from None
+        if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+            raise ConfigError(
+                f"device {self.name}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes "
+                "and capacities together"
+            )
+        object.__setattr__(self, "attributes", MappingProxyType(attributes))
+        object.__setattr__(self, "capacity", MappingProxyType(capacity))
+        object.__setattr__(self, "health", Health(self.health))
+
+
+def _check_qualified_name(device: str, what: str, key: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    if not _C_IDENTIFIER.match(name) or (prefix and not _DNS_SUBDOMAIN.match(prefix)):
+        raise ConfigError(
+            f"device {device}: {what} name {key!r} must be a C identifier of at most 32 "
+            "characters, optionally after a DNS-subdomain prefix and '/'"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A ResourceClaim as the kubelet names it: namespace, name and UID."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueConfig:
+    """An opaque configuration for this driver from a claim's allocation.
+
+    Args:
+        parameters: The decoded JSON parameters (any JSON value; usually an object).
+        requests: The claim's request names it applies to; empty means every request.
+        source: ``"FromClass"`` (a DeviceClass's config) or ``"FromClaim"``.
+    """
+
+    parameters: Any
+    requests: tuple[str, ...] = ()
+    source: str = "FromClaim"
+
+    def applies_to(self, request: str) -> bool:
+        """Whether this config applies to ``request`` (a request or ``request/subrequest``)."""
+        if not self.requests:
+            return True
+        return request in self.requests or request.split("/", 1)[0] in self.requests
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One device the scheduler allocated to a claim, for this driver and this node's pool.
+
+    Args:
+        request: The claim's request name (``gpu``, or ``gpu/subrequest``).
+        pool: The pool (the node's name).
+        name: The device's name in the pool.
+        device: The device as the driver published it, ``None`` if it is gone now.
+        configs: The opaque configs that apply to this request, in order: the classes'
+            first, then the claim's; a later one overrides an earlier one.
+        admin_access: The claim asked for admin access to the device.
+        share_id: The share of a device with consumable capacity, if any.
+    """
+
+    request: str
+    pool: str
+    name: str
+    device: Device | None
+    configs: tuple[OpaqueConfig, ...] = ()
+    admin_access: bool = False
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claim to prepare: its reference, its devices for this driver, its configs.
+
+    Args:
+        ref: Namespace, name and UID.
+        devices: The allocated devices for this driver and this node's pool, in the
+            order of the allocation results.
+        configs: Every opaque config for this driver, in order (classes' first, then
+            the claim's).
+        resource_claim: The ResourceClaim object as the API server returned it (JSON).
+    """
+
+    ref: ClaimRef
+    devices: tuple[AllocatedDevice, ...]
+    configs: tuple[OpaqueConfig, ...] = ()
+    resource_claim: Mapping[str, Any] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """The prepare hook's answer for one allocated device: what its containers get.
+
+    Args:
+        device: The allocated device (from :attr:`Claim.devices`).
+        edits: Env, device nodes and mounts, written into the claim's CDI spec.
+    """
+
+    device: AllocatedDevice
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """A claim the driver prepared, as kept in the checkpoint (passed to ``unprepare``).
+
+    Args:
+        ref: Namespace, name and UID.
+        devices: ``(request, pool, device name)`` of each prepared device.
+        cdi_ids: The CDI device IDs answered to the kubelet, per device, same order.
+    """
+
+    ref: ClaimRef
+    devices: tuple[tuple[str, str, str], ...] = ()
+    cdi_ids: tuple[tuple[str, ...], ...] = ()
