@@ -145,3 +145,25 @@ def test_schema_refuses_bad_dra_values(setting: str, needle: str) -> None:
     proc = helm("template", "x", str(CHART), "--set", setting, check=False)
     assert proc.returncode != 0
     assert needle in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("component", "depth"), [("dra-generic", 1), ("dra-nvidia", 2)], ids=["generic", "nvidia"]
+)
+def test_rendered_dra_options_exist(component: str, depth: int) -> None:
+    import click
+
+    from kubedevice.cli.main import cli
+
+    args = container(daemonset(render(values=DRA_ON), component))["args"]
+    ctx = click.Context(cli)
+    cmd: click.Command = cli
+    for name in args[:depth]:
+        assert isinstance(cmd, click.Group)
+        sub = cmd.get_command(ctx, name)
+        assert sub is not None, name
+        cmd = sub
+    known = {opt for p in cmd.params for opt in p.opts if opt.startswith("--")}
+    passed = [a for a in args[depth:] if a.startswith("--")]
+    assert "--driver-name" in passed
+    assert sorted(set(passed) - known) == []
