@@ -18,10 +18,12 @@ every change yields a new device list, which the kit publishes.
 from __future__ import annotations
 
 import asyncio
+import glob
 import hashlib
 import logging
 import os
 import re
+import stat
 from collections.abc import AsyncIterator, Sequence
 from typing import ClassVar, Final
 
@@ -71,25 +73,39 @@ def device_name(resource: str, device_id: str, replica: int | None = None) -> st
 
 
 def _pci(sys_root: str, phys: PhysicalDevice) -> tuple[str | None, str | None]:
-    """(pciBusID, pcieRoot) of a device node's PCI device, from ``/sys/dev/char``."""
+    """(pciBusID, pcieRoot) of a device node's PCI device, ``None`` where sysfs does not say.
+
+    The node's sysfs device is found from its device number (``/sys/dev/char/M:m``), or
+    else by its name (``/sys/class/*/<name>/device``); the nearest PCI device above it in
+    ``/sys/devices`` is the one. Links leading out of ``sysRoot`` are not followed.
+    """
     if not phys.nodes:
         return None, None
+    local = phys.nodes[0].local_path
+    candidates: list[str] = []
     try:
-        st = os.stat(phys.nodes[0].local_path)
+        st = os.stat(local)
     except OSError:
-        return None, None
-    import stat as _stat
-
-    kind = "char" if _stat.S_ISCHR(st.st_mode) else "block" if _stat.S_ISBLK(st.st_mode) else ""
-    if not kind:
-        return None, None
-    entry = os.path.join(sys_root, "dev", kind, f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
-    if not os.path.exists(entry):
-        return None, None
-    bus_id = pci_bus_id_of(sys_root, os.path.realpath(entry))
-    if bus_id is None:
-        return None, None
-    return bus_id, pcie_root(sys_root, bus_id)
+        st = None
+    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        kind = "char" if stat.S_ISCHR(st.st_mode) else "block"
+        candidates.append(
+            os.path.join(sys_root, "dev", kind, f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+        )
+    name = glob.escape(os.path.basename(phys.nodes[0].host_path))
+    candidates += sorted(glob.glob(os.path.join(glob.escape(sys_root), "class", "*", name)))
+    for entry in candidates:
+        real = os.path.realpath(entry)
+        if not real.startswith(sys_root.rstrip("/") + "/") or not os.path.exists(real):
+            continue
+        bus_id = pci_bus_id_of(sys_root, real)
+        if bus_id is None:
+            device = os.path.realpath(os.path.join(real, "device"))
+            if device.startswith(sys_root.rstrip("/") + "/"):
+                bus_id = pci_bus_id_of(sys_root, device)
+        if bus_id is not None:
+            return bus_id, pcie_root(sys_root, bus_id)
+    return None, None
 
 
 def _edits(group: GroupSpec, phys: PhysicalDevice, resource: str) -> ContainerEdits:
