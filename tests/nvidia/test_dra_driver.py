@@ -68,7 +68,7 @@ async def test_a_lost_gpu_turns_unhealthy_and_back(gpu_host: Any) -> None:
         second = await _next(gen)
         assert second["gpu-1"].health == Health.UNHEALTHY
         assert second["gpu-0"].health == Health.HEALTHY
-        with pytest.raises(ClaimError, match="gpu-1 .*unhealthy: GPU lost"):
+        with pytest.raises(ClaimError, match=r"gpu-1 .*unhealthy: GPU lost"):
             await driver.prepare(_claim(driver, ["gpu-1"]))
         host.nvml.set_lost(driver.gpu_devices[1].gpu.uuid, False)
         third = await _next(gen)
