@@ -328,8 +328,10 @@ class PreparedClaim:
         ref: Namespace, name and UID.
         devices: ``(request, pool, device name)`` of each prepared device.
         cdi_ids: The CDI device IDs answered to the kubelet, per device, same order.
+        share_ids: The share ID of each device (``None`` for a whole device), same order.
     """
 
     ref: ClaimRef
     devices: tuple[tuple[str, str, str], ...] = ()
     cdi_ids: tuple[tuple[str, ...], ...] = ()
+    share_ids: tuple[str | None, ...] = ()

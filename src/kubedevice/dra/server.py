@@ -1,0 +1,245 @@
+"""DriverServer: one DRA driver's sockets, registration, devices, slices and health.
+
+Start-up order: the checkpoint is loaded, the first device list is awaited, the DRA socket
+serves (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, unless turned off,
+``v1alpha1.DRAResourceHealth``), then the registration socket appears in the kubelet's
+``plugins_registry/`` (the kubelet dials the DRA socket only after that). inotify on both
+directories puts a socket back within milliseconds when it is removed; the kubelet's
+re-registration (after its restart) republishes the slices. On stop the registration
+socket goes first, then the DRA socket; slices stay (a restarted driver adopts them; the
+kubelet removes them when the driver stays away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+import grpc
+
+from kubedevice._api.dra.v1 import api_pb2_grpc as v1_grpc
+from kubedevice._api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from kubedevice._api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from kubedevice._api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubedevice.dra.cdi import CdiWriter
+from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.driver import Driver
+from kubedevice.dra.health import HealthService
+from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.registration import RegistrationService, supported_versions
+from kubedevice.dra.service import ClaimService, V1beta1Servicer, V1Servicer
+from kubedevice.dra.settings import Settings
+from kubedevice.dra.slices import SlicePublisher
+from kubedevice.dra.sockets import UnixGrpcServer
+from kubedevice.dra.types import Device, Health
+from kubedevice.errors import KubeDeviceError
+from kubedevice.plugin.watch import OVERFLOW, DirWatcher
+
+__all__ = ["DriverServer"]
+
+log = logging.getLogger(__name__)
+
+
+class DriverServer:
+    """Runs one driver; an async context manager (``async with DriverServer(...)``).
+
+    Args:
+        driver: The author's driver.
+        settings: Resolved settings.
+        kube: An API client; ``None`` connects with ``settings.kubeconfig`` (or in-cluster).
+    """
+
+    def __init__(self, driver: Driver, settings: Settings, kube: KubeClient | None = None) -> None:
+        self.driver = driver
+        self.settings = settings
+        self._kube = kube
+        self._own_kube = kube is None
+        self._devices: Mapping[str, Device] = MappingProxyType({})
+        self._first = asyncio.Event()
+        self._failed: asyncio.Future[BaseException | None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watchers: list[DirWatcher] = []
+        self._repair = asyncio.Event()
+        self.checkpoint = Checkpoint(settings.checkpoint, settings.driver_name)
+        self.cdi = CdiWriter(settings.cdi_dir, settings.driver_name)
+        self.health = HealthService(settings.node_name)
+        self.publisher: SlicePublisher | None = None
+        self.claims: ClaimService | None = None
+        self.registration = RegistrationService(
+            settings.driver_name,
+            str(settings.dra_socket),
+            supported_versions(health=settings.health),
+            on_registered=self._on_registered,
+        )
+        self._dra = UnixGrpcServer(settings.dra_socket, self._add_dra_services)
+        self._reg = UnixGrpcServer(settings.registration_socket, self._add_registration)
+
+    @property
+    def devices(self) -> Mapping[str, Device]:
+        """The driver's current devices by name."""
+        return self._devices
+
+    async def __aenter__(self) -> DriverServer:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Serve and register; returns once both sockets are up.
+
+        Raises:
+            ConfigError: The API client cannot be configured.
+            KubeDeviceError: The driver's device list failed before its first snapshot,
+                or a socket cannot be served.
+        """
+        s = self.settings
+        self._failed = asyncio.get_running_loop().create_future()
+        if self._kube is None:
+            self._kube = await asyncio.to_thread(KubeClient.connect, s.kubeconfig)
+        await asyncio.to_thread(self.checkpoint.load)
+        self.claims = ClaimService(
+            self.driver,
+            driver_name=s.driver_name,
+            node_name=s.node_name,
+            kube=self._kube,
+            checkpoint=self.checkpoint,
+            cdi=self.cdi,
+            devices=lambda: self._devices,
+        )
+        if s.publish:
+            self.publisher = SlicePublisher(self._kube, s.driver_name, s.node_name)
+            self._spawn(self.publisher.run(), "publish ResourceSlices")
+        self._spawn(self._consume(), "device list")
+        first: asyncio.Future[Any] = asyncio.ensure_future(self._first.wait())
+        failed: asyncio.Future[Any] = self._failed
+        try:
+            await asyncio.wait({first, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            first.cancel()
+        if self._failed.done():
+            error = self._failed.result()
+            raise KubeDeviceError(f"the driver's device list failed: {error}") from error
+        await self._dra.start()
+        await self._reg.start()
+        log.info(
+            "DRA driver %s serving on %s, registration on %s (%s)",
+            s.driver_name,
+            s.dra_socket,
+            s.registration_socket,
+            ", ".join(self.registration.versions),
+        )
+        for directory in (s.registration_socket.parent, s.plugin_dir):
+            watcher = DirWatcher(directory, self._on_dir_change)
+            await watcher.start()
+            self._watchers.append(watcher)
+        self._spawn(self._keep_sockets(), "keep sockets")
+
+    async def stop(self) -> None:
+        """Unregister (registration socket removed), stop serving, end the tasks. Idempotent."""
+        for watcher in self._watchers:
+            await watcher.stop()
+        self._watchers.clear()
+        await self._reg.stop()
+        await self.health.close()
+        await self._dra.stop(grace=1.0)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if self._own_kube and self._kube is not None:
+            self._kube.close()
+            self._kube = None
+
+    async def wait_failed(self) -> BaseException | None:
+        """Wait until a background job of the server fails; its error."""
+        assert self._failed is not None
+        return await asyncio.shield(self._failed)
+
+    async def wait_published(self) -> None:
+        """Wait until the current devices are in the ResourceSlices."""
+        if self.publisher is not None:
+            await self.publisher.wait_published()
+
+    # ---- jobs ------------------------------------------------------------------------
+
+    def _spawn(self, job: Any, name: str) -> None:
+        task = asyncio.create_task(job, name=name)
+        task.add_done_callback(self._job_done)
+        self._tasks.append(task)
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("%s failed: %s", task.get_name(), error, exc_info=error)
+            if self._failed is not None and not self._failed.done():
+                self._failed.set_result(error)
+
+    async def _consume(self) -> None:
+        async for snapshot in self.driver.devices():
+            devices = tuple(snapshot)
+            names = [d.name for d in devices]
+            if len(set(names)) != len(names):
+                duplicates = sorted({n for n in names if names.count(n) > 1})
+                log.error("device list ignored: duplicate device names %s", duplicates)
+                continue
+            self._devices = MappingProxyType({d.name: d for d in devices})
+            healthy = sum(d.health == Health.HEALTHY for d in devices)
+            log.info("%d devices (%d healthy)", len(devices), healthy)
+            if self.publisher is not None:
+                self.publisher.update(devices)
+            await self.health.update(devices)
+            self._first.set()
+        log.info("the driver's device list ended; keeping its last devices")
+        self._first.set()
+
+    def _on_registered(self) -> None:
+        if self.publisher is not None and self.registration.registrations > 1:
+            log.info("registered again; reconciling the ResourceSlices")
+            self.publisher.request()
+
+    def _on_dir_change(self, name: str) -> None:
+        s = self.settings
+        if name in (OVERFLOW, s.registration_socket.name, s.dra_socket.name):
+            self._repair.set()
+
+    async def _keep_sockets(self) -> None:
+        while True:
+            await self._repair.wait()
+            self._repair.clear()
+            for server, what in ((self._dra, "DRA"), (self._reg, "registration")):
+                if server.serving:
+                    continue
+                log.warning("%s socket %s is gone; serving it again", what, server.path)
+                try:
+                    await server.start()
+                except KubeDeviceError as exc:
+                    log.error("%s", exc)  # the directory may be gone: the watcher says when
+
+    # ---- gRPC services ---------------------------------------------------------------
+
+    def _add_dra_services(self, server: grpc.aio.Server) -> None:
+        assert self.claims is not None
+        v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.claims), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(self.claims), server)
+        if self.settings.health:
+            health_grpc.add_DRAResourceHealthServicer_to_server(self.health, server)
+
+    def _add_registration(self, server: grpc.aio.Server) -> None:
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, server)

@@ -1,0 +1,323 @@
+"""The DRA kubelet-plugin services v1 and v1beta1, answered by one handler.
+
+``NodePrepareResources``: per claim, the checkpoint's answer when the claim was prepared
+before (idempotent; a claim shared by several pods is prepared once), else the claim is
+read from the API server, checked, handed to the driver's ``prepare`` hook, its CDI spec
+written and the checkpoint saved. ``NodeUnprepareResources``: the ``unprepare`` hook, the
+spec removed, the claim forgotten; an unknown claim is success. A claim's failure goes in
+its own ``error``; the other claims of the call are unaffected. v1beta1 has the same
+messages (less ``Device.share_id``), so its requests are read as v1 and the answers
+re-encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from kubedevice._api.dra.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
+from kubedevice._api.dra.v1beta1 import api_pb2 as v1beta1, api_pb2_grpc as v1beta1_grpc
+from kubedevice.dra.cdi import CdiWriter
+from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.claims import claim_from_object
+from kubedevice.dra.driver import Driver
+from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.types import (
+    Claim,
+    ClaimRef,
+    ContainerEdits,
+    Device,
+    PreparedClaim,
+    PreparedDevice,
+)
+from kubedevice.errors import ClaimError, KubeApiError
+
+__all__ = ["ClaimService", "V1Servicer", "V1beta1Servicer"]
+
+log = logging.getLogger(__name__)
+
+#: At most this many claims in one call (the kubelet sends a pod's claims of one driver).
+MAX_CLAIMS_PER_CALL = 1024
+
+_T = TypeVar("_T")
+
+
+class ClaimService:
+    """Prepares and unprepares claims for one driver; the gRPC servicers call it.
+
+    Args:
+        driver: The author's driver (its hooks).
+        driver_name: The driver's name (resolved).
+        node_name: This node, and the name of its pool.
+        kube: The API client (``None``: every claim fails, for tests without a cluster).
+        checkpoint: The prepared-claim checkpoint, loaded.
+        cdi: The CDI spec writer.
+        devices: Returns the driver's current devices by name.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        driver_name: str,
+        node_name: str,
+        kube: KubeClient | None,
+        checkpoint: Checkpoint,
+        cdi: CdiWriter,
+        devices: Callable[[], Mapping[str, Device]],
+    ) -> None:
+        self.driver = driver
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.kube = kube
+        self.checkpoint = checkpoint
+        self.cdi = cdi
+        self.devices = devices
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._save_lock = asyncio.Lock()
+
+    # ---- the RPCs (v1 messages) ------------------------------------------------------
+
+    async def prepare(
+        self, request: v1.NodePrepareResourcesRequest
+    ) -> v1.NodePrepareResourcesResponse:
+        """Answer ``NodePrepareResources``: one entry per claim UID of the request."""
+        response = v1.NodePrepareResourcesResponse()
+        claims = list(request.claims)
+        if len(claims) > MAX_CLAIMS_PER_CALL:
+            for claim in claims:
+                response.claims[
+                    claim.uid
+                ].error = f"{len(claims)} claims in one call; at most {MAX_CLAIMS_PER_CALL}"
+            return response
+        answers = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        for claim, answer in zip(claims, answers, strict=True):
+            response.claims[claim.uid].CopyFrom(answer)
+        return response
+
+    async def unprepare(
+        self, request: v1.NodeUnprepareResourcesRequest
+    ) -> v1.NodeUnprepareResourcesResponse:
+        """Answer ``NodeUnprepareResources``: one entry per claim UID of the request."""
+        response = v1.NodeUnprepareResourcesResponse()
+        claims = list(request.claims)
+        answers = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+        for claim, error in zip(claims, answers, strict=True):
+            response.claims[claim.uid].error = error
+        return response
+
+    # ---- one claim ---------------------------------------------------------------------
+
+    async def _prepare_one(self, raw: v1.Claim) -> v1.NodePrepareResourceResponse:
+        try:
+            ref = _ref(raw)
+        except ClaimError as exc:
+            return v1.NodePrepareResourceResponse(error=str(exc))
+        async with self._lock(ref.uid):
+            try:
+                prepared = self.checkpoint.claims.get(ref.uid)
+                if prepared is None:
+                    prepared = await self._prepare_new(ref)
+                    log.info("prepared claim %s: %d devices", ref, len(prepared.devices))
+                else:
+                    log.debug("claim %s was prepared before; same answer", ref)
+            except ClaimError as exc:
+                log.warning("cannot prepare claim %s: %s", ref, exc)
+                return v1.NodePrepareResourceResponse(error=str(exc))
+            except Exception as exc:
+                log.exception("cannot prepare claim %s", ref)
+                return v1.NodePrepareResourceResponse(
+                    error=f"preparing failed: {type(exc).__name__}: {exc}"
+                )
+        return _answer(prepared)
+
+    async def _prepare_new(self, ref: ClaimRef) -> PreparedClaim:
+        claim = await self._read(ref)
+        results = await _call_hook(self.driver.prepare, claim)
+        prepared = _check_prepared(claim, results)
+        specs: list[tuple[str, ContainerEdits]] = []
+        cdi_ids: list[tuple[str, ...]] = []
+        for item in prepared:
+            if item.edits:
+                specs.append((item.device.name, item.edits))
+                cdi_ids.append((self.cdi.cdi_id(ref.uid, item.device.name),))
+            else:
+                cdi_ids.append(())
+        done = PreparedClaim(
+            ref=ref,
+            devices=tuple((p.device.request, p.device.pool, p.device.name) for p in prepared),
+            cdi_ids=tuple(cdi_ids),
+            share_ids=tuple(p.device.share_id for p in prepared),
+        )
+        try:
+            await asyncio.to_thread(self.cdi.write, ref.uid, specs)
+            self.checkpoint.claims[ref.uid] = done
+            await self._save()
+        except OSError as exc:
+            self.checkpoint.claims.pop(ref.uid, None)
+            await asyncio.to_thread(self.cdi.remove, ref.uid)
+            await self._undo(done)
+            raise ClaimError(f"cannot record the prepared claim: {exc}") from None
+        return done
+
+    async def _read(self, ref: ClaimRef) -> Claim:
+        if self.kube is None:
+            raise ClaimError("no API server to read the claim from")
+        try:
+            obj = await asyncio.to_thread(self.kube.get_claim, ref.namespace, ref.name)
+        except KubeApiError as exc:
+            if exc.status == 404:
+                raise ClaimError(f"claim {ref.namespace}/{ref.name} does not exist") from None
+            raise ClaimError(f"cannot read claim {ref.namespace}/{ref.name}: {exc}") from None
+        return claim_from_object(
+            ref,
+            obj,
+            driver_name=self.driver_name,
+            pool=self.node_name,
+            devices=self.devices(),
+        )
+
+    async def _undo(self, prepared: PreparedClaim) -> None:
+        try:
+            await _call_hook(self.driver.unprepare, prepared)
+        except Exception:
+            log.exception("unprepare of %s after a failed prepare failed too", prepared.ref)
+
+    async def _unprepare_one(self, raw: v1.Claim) -> str:
+        if not raw.uid:
+            return "claim uid is empty"
+        async with self._lock(raw.uid):
+            prepared = self.checkpoint.claims.get(raw.uid)
+            try:
+                if prepared is not None:
+                    await _call_hook(self.driver.unprepare, prepared)
+                await asyncio.to_thread(self.cdi.remove, raw.uid)
+                if prepared is not None:
+                    del self.checkpoint.claims[raw.uid]
+                    await self._save()
+                    log.info("unprepared claim %s", prepared.ref)
+            except ClaimError as exc:
+                log.warning("cannot unprepare claim %s: %s", raw.uid, exc)
+                return str(exc)
+            except Exception as exc:
+                log.exception("cannot unprepare claim %s", raw.uid)
+                return f"unpreparing failed: {type(exc).__name__}: {exc}"
+        self._locks.pop(raw.uid, None)
+        return ""
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        lock = self._locks.get(uid)
+        if lock is None:
+            lock = self._locks[uid] = asyncio.Lock()
+        return lock
+
+    async def _save(self) -> None:
+        async with self._save_lock:
+            await asyncio.to_thread(self.checkpoint.save)
+
+
+def _ref(raw: v1.Claim) -> ClaimRef:
+    for field in ("namespace", "uid", "name"):
+        if not getattr(raw, field):
+            raise ClaimError(f"claim {field} is empty")
+    return ClaimRef(namespace=raw.namespace, name=raw.name, uid=raw.uid)
+
+
+def _check_prepared(claim: Claim, results: Any) -> list[PreparedDevice]:
+    if not isinstance(results, Sequence) or isinstance(results, str):
+        raise ClaimError(f"the prepare hook returned {type(results).__name__}, not a list")
+    allocated = {(d.request, d.name) for d in claim.devices}
+    out: list[PreparedDevice] = []
+    for item in results:
+        if not isinstance(item, PreparedDevice):
+            raise ClaimError(f"the prepare hook returned {type(item).__name__}, not PreparedDevice")
+        if (item.device.request, item.device.name) not in allocated:
+            raise ClaimError(
+                f"the prepare hook returned device {item.device.name} (request "
+                f"{item.device.request}), which is not allocated to the claim"
+            )
+        out.append(item)
+    return out
+
+
+def _answer(prepared: PreparedClaim) -> v1.NodePrepareResourceResponse:
+    answer = v1.NodePrepareResourceResponse()
+    for i, (request, pool, device) in enumerate(prepared.devices):
+        entry = answer.devices.add(
+            request_names=[request],
+            pool_name=pool,
+            device_name=device,
+            cdi_device_ids=list(prepared.cdi_ids[i]) if i < len(prepared.cdi_ids) else [],
+        )
+        share_id = prepared.share_ids[i] if i < len(prepared.share_ids) else None
+        if share_id is not None:
+            entry.share_id = share_id
+    return answer
+
+
+async def _call_hook(hook: Callable[[Any], Any], argument: Any) -> Any:
+    """Await an ``async def`` hook; run a plain one in a thread."""
+    if inspect.iscoroutinefunction(hook):
+        return await hook(argument)
+    result = await asyncio.to_thread(hook, argument)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+# ---- the gRPC servicers -------------------------------------------------------------
+
+
+async def _guarded(context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[_T]) -> _T:
+    try:
+        return await call
+    except Exception as exc:  # a bug of ours: INTERNAL, the daemon stays up
+        log.exception("DRA call failed")
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        raise  # unreachable: abort raises
+
+
+class V1Servicer(v1_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
+
+    def __init__(self, service: ClaimService) -> None:
+        self.service = service
+
+    async def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: Any
+    ) -> v1.NodePrepareResourcesResponse:
+        return await _guarded(context, self.service.prepare(request))
+
+    async def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: Any
+    ) -> v1.NodeUnprepareResourcesResponse:
+        return await _guarded(context, self.service.unprepare(request))
+
+
+class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin``: the v1 handler, re-encoded."""
+
+    def __init__(self, service: ClaimService) -> None:
+        self.service = service
+
+    async def NodePrepareResources(
+        self, request: v1beta1.NodePrepareResourcesRequest, context: Any
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        converted = v1.NodePrepareResourcesRequest.FromString(request.SerializeToString())
+        answer = await _guarded(context, self.service.prepare(converted))
+        for claim in answer.claims.values():
+            for device in claim.devices:
+                device.ClearField("share_id")  # not in v1beta1
+        return v1beta1.NodePrepareResourcesResponse.FromString(answer.SerializeToString())
+
+    async def NodeUnprepareResources(
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Any
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        converted = v1.NodeUnprepareResourcesRequest.FromString(request.SerializeToString())
+        answer = await _guarded(context, self.service.unprepare(converted))
+        return v1beta1.NodeUnprepareResourcesResponse.FromString(answer.SerializeToString())
