@@ -93,9 +93,7 @@ def test_rbac_is_exactly_what_a_driver_needs(component: str) -> None:
     }
     assert rules == {
         ("resource.k8s.io", "resourceclaims"): ["get"],
-        ("resource.k8s.io", "resourceslices"): sorted(
-            ["get", "list", "watch", "create", "update", "patch", "delete"]
-        ),
+        ("resource.k8s.io", "resourceslices"): sorted(["list", "create", "update", "delete"]),
         ("", "nodes"): ["get"],
     }
     binding = _named(docs, "ClusterRoleBinding", name)
