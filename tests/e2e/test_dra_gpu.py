@@ -1,0 +1,266 @@
+"""``kubedevice nvidia dra`` on the real scheduler, kubelet and runtime (fake NVML machines).
+
+The real scheduler allocates from the driver's ResourceSlices with CEL, the real kubelet calls
+NodePrepareResources, and kd-fakecri records the CDI device names the container gets; the CDI
+spec in the driver's CDI dir names the right /dev/nvidiaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .cluster import Cluster
+from .dra import (
+    GpuDra,
+    allocated,
+    claim_pod,
+    claim_spec,
+    create_claim,
+    create_template,
+    delete_pod,
+    device_class,
+    log_count,
+    pod_claim,
+    request,
+    wait_slices,
+    wait_unschedulable,
+)
+
+DRIVER = "gpu.kubedevice.io"
+IS_GPU = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+
+
+@pytest.fixture
+def gpu_dra(cluster: Cluster) -> Iterator[Callable[..., GpuDra]]:
+    """``gpu_dra(machine="dgx-8gpu", driver=..., config=...)`` -> a started GPU DRA driver."""
+    made: list[GpuDra] = []
+
+    def make(machine: str = "dgx-8gpu", **kwargs: Any) -> GpuDra:
+        d = GpuDra(cluster, machine, **kwargs)
+        made.append(d)
+        d.start()
+        return d
+
+    yield make
+    for d in made:
+        d.close()
+        # its slices go with it only on --cleanup; the next test's driver replaces them
+        # (same pool), so wait for nothing here
+
+
+def _cdi_ids(record: dict[str, Any]) -> list[str]:
+    return [d["name"] for d in record.get("cdiDevices") or []]
+
+
+def _spec_nodes(spec: dict[str, Any]) -> dict[str, list[str]]:
+    """CDI device name -> its device nodes' host paths."""
+    return {
+        d["name"]: [n["hostPath"] for n in d["containerEdits"].get("deviceNodes", [])]
+        for d in spec["devices"]
+    }
+
+
+def test_two_gpus_of_one_nvlink_domain_reach_the_container(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    drv = gpu_dra()
+    names = wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    assert names == {f"gpu-{i}" for i in range(8)}
+    with device_class(cluster, IS_GPU) as cls:
+        # GPUs 3..7 are candidates; 3 is alone in NVLink domain 0 among them, so the
+        # matchAttribute constraint leaves two of 4..7 (domain 4)
+        create_template(
+            cluster,
+            ns,
+            "two",
+            claim_spec(
+                request("gpus", cls, 2, f'device.attributes["{DRIVER}"].index >= 3'),
+                match_attribute=f"{DRIVER}/nvlinkDomain",
+            ),
+        )
+        cluster.run_pod(ns, claim_pod("p", template="two"))
+        claim = pod_claim(cluster, ns, "p")
+        got = allocated(claim)
+        assert len(got) == 2
+        assert set(got) <= {"gpu-4", "gpu-5", "gpu-6", "gpu-7"}
+        record = cluster.kubelet.created(ns, "p", "main")  # type: ignore[union-attr]
+        ids = _cdi_ids(record)
+        assert len(ids) == 2
+        assert all(i.startswith(f"k8s.{DRIVER}/claim=") for i in ids)
+        [(_file, spec)] = drv.cdi_specs().items()
+        nodes = _spec_nodes(spec)
+        for cdi_id, device in zip(sorted(ids), sorted(got), strict=True):
+            name = cdi_id.split("=", 1)[1]
+            assert nodes[name][0] == f"/dev/nvidia{device.removeprefix('gpu-')}"
+        assert f"{spec['kind']}={name}" in ids
+        delete_pod(cluster, ns, "p")
+        drv.wait_specs(lambda specs: not specs, "the claim's CDI spec removed")
+
+
+def test_capacity_selector_with_quantity(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    memory = f'device.capacity["{DRIVER}"].memory'
+    with (
+        device_class(cluster, IS_GPU, f'{memory}.compareTo(quantity("79Gi")) >= 0') as big,
+        device_class(cluster, IS_GPU, f'{memory}.compareTo(quantity("100Gi")) >= 0') as huge,
+    ):
+        create_template(cluster, ns, "big", claim_spec(request("gpu", big)))
+        create_template(cluster, ns, "huge", claim_spec(request("gpu", huge)))
+        cluster.run_pod(ns, claim_pod("fits", template="big"))
+        cluster.create_pod(ns, claim_pod("too-big", template="huge"))
+        wait_unschedulable(cluster, ns, "too-big")
+
+
+def test_a_claim_shared_by_two_pods_is_prepared_once(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    drv = gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    with device_class(cluster, IS_GPU) as cls:
+        create_claim(cluster, ns, "shared", claim_spec(request("gpu", cls)))
+        cluster.run_pod(ns, claim_pod("a", claim="shared"))
+        cluster.run_pod(ns, claim_pod("b", claim="shared"))
+        kubelet = cluster.kubelet
+        assert kubelet is not None
+        ids_a = _cdi_ids(kubelet.created(ns, "a", "main"))
+        ids_b = _cdi_ids(kubelet.created(ns, "b", "main"))
+        assert ids_a == ids_b
+        assert len(ids_a) == 1
+        assert log_count(drv.log, "prepared claim ") == 1
+        assert len(drv.cdi_specs()) == 1
+        delete_pod(cluster, ns, "a")
+        assert len(drv.cdi_specs()) == 1  # b still uses it
+        delete_pod(cluster, ns, "b")
+        drv.wait_specs(lambda specs: not specs, "the shared claim's spec removed")
+
+
+def test_a_restarted_driver_unprepares_what_it_prepared(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    drv = gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    with device_class(cluster, IS_GPU) as cls:
+        create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
+        cluster.run_pod(ns, claim_pod("p", template="one"))
+        assert len(drv.cdi_specs()) == 1
+        drv.kill()  # a crash: no clean-up
+        drv.start()
+        delete_pod(cluster, ns, "p")
+        drv.wait_specs(lambda specs: not specs, "the spec removed by the restarted driver")
+        assert log_count(drv.log, "unprepared claim ") == 1
+
+
+def test_kubelet_restart_registers_again(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    drv = gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    with device_class(cluster, IS_GPU) as cls:
+        create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
+        cluster.run_pod(ns, claim_pod("before", template="one"))
+        registered = log_count(drv.log, "registered with the kubelet as DRA driver")
+        cluster.restart_kubelet()
+        drv.wait_registered(registered + 1)
+        cluster.run_pod(ns, claim_pod("after", template="one"))
+        got = allocated(pod_claim(cluster, ns, "after"))
+        assert got != allocated(pod_claim(cluster, ns, "before"))
+        wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "still 8 GPUs")
+
+
+def test_a_lost_gpu_leaves_the_slices_and_is_not_allocated(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    drv = gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    lost = drv.uuids[1]
+    drv.send({"op": "lost", "uuid": lost})
+    names = wait_slices(cluster, DRIVER, lambda n: "gpu-1" not in n, "gpu-1 gone")
+    assert names == {f"gpu-{i}" for i in range(8)} - {"gpu-1"}
+    with device_class(cluster, IS_GPU) as cls:
+        create_template(
+            cluster,
+            ns,
+            "that-one",
+            claim_spec(request("gpu", cls, 1, f'device.attributes["{DRIVER}"].uuid == "{lost}"')),
+        )
+        cluster.create_pod(ns, claim_pod("p", template="that-one"))
+        wait_unschedulable(cluster, ns, "p")
+        drv.send({"op": "recover", "uuid": lost})
+        wait_slices(cluster, DRIVER, lambda n: "gpu-1" in n, "gpu-1 back", timeout=90)
+        cluster.wait_running(ns, "p", timeout=90)
+        assert allocated(pod_claim(cluster, ns, "p")) == ["gpu-1"]
+
+
+def test_claims_written_for_nvidias_driver_select_the_same_gpus(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    nv = "gpu.nvidia.com"
+    gpu_dra(driver=nv)
+    wait_slices(cluster, nv, lambda n: len(n) == 8, "8 GPUs")
+    attrs = f"device.attributes['{nv}']"
+    # NVIDIA's DeviceClass gpu.nvidia.com and a claim on its documented attributes
+    with device_class(
+        cluster, f"device.driver == '{nv}' && {attrs}.type == 'gpu'", prefix="gpu-nvidia-com"
+    ) as cls:
+        create_template(
+            cluster,
+            ns,
+            "nv",
+            claim_spec(
+                request(
+                    "gpu",
+                    cls,
+                    1,
+                    f"{attrs}.productName == 'NVIDIA H100 80GB HBM3'",
+                    f"{attrs}.architecture == 'Hopper' && {attrs}.brand == 'Nvidia'",
+                    f"{attrs}.cudaComputeCapability.isGreaterThan(semver('8.9.0'))",
+                    f"{attrs}.driverVersion.compareTo(semver('570.0.0')) >= 0",
+                    f"{attrs}.cudaDriverVersion.isGreaterThan(semver('12.0.0'))",
+                    f"{attrs}.migEnabled == false",
+                )
+            ),
+        )
+        cluster.run_pod(ns, claim_pod("p", template="nv"))
+        assert allocated(pod_claim(cluster, ns, "p"))[0].startswith("gpu-")
+
+
+def test_a_bad_gpu_config_fails_prepare_naming_the_field(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    bad = {
+        "apiVersion": "resource.kubedevice.io/v1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}},
+    }
+    with device_class(cluster, IS_GPU) as cls:
+        create_template(
+            cluster, ns, "bad", claim_spec(request("gpu", cls), config=bad, driver=DRIVER)
+        )
+        cluster.create_pod(ns, claim_pod("p", template="bad"))
+        cluster.wait_scheduled(ns, "p")
+
+        def failed() -> bool:
+            return any(
+                "sharing.timeSlicingConfig.interval" in (e.message or "")
+                for e in cluster.events(ns, "p")
+            )
+
+        from .cluster import wait_for
+
+        wait_for(
+            cluster.core.list_namespaced_event,
+            lambda _e: failed(),
+            60,
+            "an event naming sharing.timeSlicingConfig.interval",
+            ns,
+        )
+        pod = cluster.core.read_namespaced_pod("p", ns)
+        assert pod.status.phase == "Pending"
