@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit proto bench fmt clean
+.PHONY: setup demo test lint typecheck unit e2e proto bench fmt clean
 
 setup: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/kubedevice demo
 
-test: setup lint typecheck unit
+test: setup lint typecheck unit e2e
 
 lint: setup
 	$(BIN)/ruff check src tests bench examples scripts
@@ -29,7 +29,12 @@ typecheck: setup
 
 # pytest exits 5 when it collected no tests; that is a failure here too.
 unit: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not e2e"
+
+# The end-to-end tier on a real kube-apiserver, scheduler, controller-manager and kubelet
+# (tests/e2e/README.md): in a private mount namespace when it can, see scripts/e2e.
+e2e: setup
+	PYTEST=$(BIN)/pytest scripts/e2e
 
 proto: setup
 	$(BIN)/python scripts/genproto.py

@@ -1,0 +1,879 @@
+"""A real Kubernetes control plane and one real kubelet, as child processes of the test session.
+
+``Cluster.start(bin_dir, workdir)`` brings up etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager on free ports of 127.0.0.1, with their own PKI (openssl), static tokens
+and kubeconfigs in ``workdir``; then ``kd-fakecri`` (a fake CRI runtime that records every
+CreateContainer) and a kubelet for one Node, ``NODE``. Every process runs in its own process
+group and writes ``workdir/logs/<name>.log``; ``Cluster.stop()`` stops exactly those groups,
+unmounts what the kubelet mounted under ``workdir`` and leaves the device-plugin directory clean.
+
+Waits never sleep for a fixed time: HTTP readiness is polled against a deadline, API objects are
+awaited with watches (``wait_for``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+NODE = "kd-node"
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+KUBELET_SOCK = DEVICE_PLUGIN_DIR / "kubelet.sock"
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kubelet",
+    "kd-fakecri",
+)
+HOW_TO_GET = (
+    "no Kubernetes binaries: set KUBEDEVICE_K8S_BIN to a directory with etcd, kube-apiserver, "
+    "kube-scheduler, kube-controller-manager, kubelet (upstream v1.34+) and kd-fakecri, or put "
+    "../shared/k8s beside the checkout (tests/e2e/README.md)"
+)
+
+
+class ClusterError(Exception):
+    """A component did not start, or an awaited state was not reached in time."""
+
+
+def find_binaries(repo_root: Path) -> Path | None:
+    """``$KUBEDEVICE_K8S_BIN``, else what ``../shared/k8s/unpack.sh`` unpacks; else ``None``."""
+    env = os.environ.get("KUBEDEVICE_K8S_BIN")
+    if env:
+        d = Path(env)
+        return d if all((d / b).is_file() for b in BINARIES) else None
+    unpack = repo_root.parent / "shared" / "k8s" / "unpack.sh"
+    if not unpack.is_file():
+        # a git worktree under .../wt/NAME: the shared dir is beside the main checkout's parent
+        unpack = repo_root.parent.parent / "shared" / "k8s" / "unpack.sh"
+    if not unpack.is_file():
+        return None
+    out = subprocess.run([str(unpack)], capture_output=True, text=True, check=False, timeout=300)
+    if out.returncode != 0:
+        raise ClusterError(f"{unpack} failed: {out.stderr.strip()}")
+    d = Path(out.stdout.strip().splitlines()[-1])
+    return d if all((d / b).is_file() for b in BINARIES) else None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _unix_socket_answers(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+def clean_device_plugin_dir() -> None:
+    """Empty ``/var/lib/kubelet/device-plugins/`` (sockets, checkpoint); refuse a live kubelet's.
+
+    Raises:
+        ClusterError: another kubelet answers on its ``kubelet.sock``.
+    """
+    if KUBELET_SOCK.is_socket() and _unix_socket_answers(KUBELET_SOCK):
+        raise ClusterError(
+            f"a kubelet is listening on {KUBELET_SOCK}: run the tier in a private mount namespace "
+            "(see tests/e2e/README.md) or on a machine without a kubelet"
+        )
+    DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+    for entry in DEVICE_PLUGIN_DIR.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+@dataclass
+class Process:
+    """One child process in its own process group, logging to ``log``."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str] | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            out.write(f"==== start {' '.join(self.argv)}\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            code = self.popen.returncode if self.popen else None
+            raise ClusterError(f"{self.name} exited (status {code}); log:\n{tail(self.log)}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Signal the process group (``sig``), wait, then SIGKILL it; return the exit status."""
+        p = self.popen
+        if p is None:
+            return None
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        # whatever else the group still holds (children of the process)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        return p.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: sockets stay behind."""
+        self.stop(signal.SIGKILL)
+
+
+def tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"({e})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _poll(what: str, check: Callable[[], bool], timeout: float, procs: Sequence[Process]) -> None:
+    """Poll ``check`` (an HTTP readiness probe) until true; fail early if a process died."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while not check():
+        for p in procs:
+            p.check_alive()
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what} not ready after {timeout:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None, token: str | None = None) -> bool:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=2) as r:
+            return bool(r.status == 200 and r.read().strip() == b"ok")
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# PKI
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(pki: Path, users: dict[str, str]) -> dict[str, str]:
+    """CA, serving and client certs, SA keys (ECDSA P-256) and one static token per user.
+
+    ``users`` maps a user name to its groups (comma-separated, may be empty). Returns the tokens.
+    """
+    pki.mkdir(parents=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    for ca in ("ca", "front-proxy-ca"):
+        _openssl(
+            "req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.crt", "-days", "30",
+            "-subj", f"/CN=kd-e2e-{ca}", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", cwd=pki,
+        )  # fmt: skip
+    (pki / "server.ext").write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,"
+        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+    )
+    (pki / "client.ext").write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=clientAuth\n"
+    )
+    for name, ca, subj, ext in (
+        ("apiserver", "ca", "/CN=kube-apiserver", "server.ext"),
+        (
+            "apiserver-kubelet-client",
+            "ca",
+            "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "client.ext",
+        ),
+        ("front-proxy-client", "front-proxy-ca", "/CN=front-proxy-client", "client.ext"),
+    ):
+        _openssl(
+            "req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=pki
+        )
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", "30", "-extfile", ext, cwd=pki,
+        )  # fmt: skip
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-out", "sa.key", cwd=pki)  # fmt: skip
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+    tokens = {user: os.urandom(16).hex() for user in users}
+    lines = []
+    for user, groups in users.items():
+        line = f"{tokens[user]},{user},uid-{user.replace(':', '-')}"
+        lines.append(line + (f',"{groups}"' if groups else ""))
+    (pki / "tokens.csv").write_text("\n".join(lines) + "\n")
+    for f in pki.iterdir():
+        f.chmod(0o600)
+    return tokens
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, user: str, token: str) -> Path:
+    path.write_text(
+        textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Config
+        clusters:
+        - name: e2e
+          cluster: {{server: "{server}", certificate-authority: "{ca}"}}
+        users:
+        - name: "{user}"
+          user: {{token: "{token}"}}
+        contexts:
+        - name: e2e
+          context: {{cluster: e2e, user: "{user}"}}
+        current-context: e2e
+        """)
+    )
+    path.chmod(0o600)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the kubelet
+
+
+@dataclass
+class Kubelet:
+    """kd-fakecri and the kubelet of Node ``NODE``; ``stop()``/``start()`` restart the kubelet."""
+
+    bin_dir: Path
+    root: Path
+    logs: Path
+    kubeconfig: Path
+    ca: Path
+    port: int = field(default_factory=free_port)
+    healthz_port: int = field(default_factory=free_port)
+    process: Process | None = None
+    cri: Process | None = None
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.root / "cri.sock"
+
+    @property
+    def record(self) -> Path:
+        """kd-fakecri's record: one JSON line per CreateContainer."""
+        return self.root / "cri-record.jsonl"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def checkpoint(self) -> Path:
+        return DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
+
+    def start_runtime(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.cri = Process(
+            "kd-fakecri",
+            [str(self.bin_dir / "kd-fakecri"), "--endpoint", f"unix://{self.cri_socket}",
+             "--record", str(self.record)],
+            self.logs / "kd-fakecri.log",
+        )  # fmt: skip
+        self.cri.start()
+        _poll("kd-fakecri", self.cri_socket.is_socket, 30, [self.cri])
+
+    def write_config(self) -> Path:
+        config = self.root / "config.yaml"
+        config.write_text(
+            textwrap.dedent(f"""\
+            apiVersion: kubelet.config.k8s.io/v1beta1
+            kind: KubeletConfiguration
+            address: 127.0.0.1
+            port: {self.port}
+            readOnlyPort: 0
+            healthzBindAddress: 127.0.0.1
+            healthzPort: {self.healthz_port}
+            authentication:
+              anonymous: {{enabled: true}}
+              webhook: {{enabled: false}}
+              x509: {{clientCAFile: "{self.ca}"}}
+            authorization: {{mode: AlwaysAllow}}
+            containerRuntimeEndpoint: unix://{self.cri_socket}
+            cgroupDriver: cgroupfs
+            cgroupsPerQOS: false
+            enforceNodeAllocatable: []
+            failSwapOn: false
+            failCgroupV1: false
+            resolvConf: ""
+            serializeImagePulls: false
+            evictionHard: {{}}
+            imageGCHighThresholdPercent: 100
+            imageGCLowThresholdPercent: 99
+            localStorageCapacityIsolation: false
+            # device health and capacity reach the Node status at the next status update: keep
+            # it short so the tier is fast
+            nodeStatusUpdateFrequency: 1s
+            nodeStatusReportFrequency: 1s
+            """)
+        )
+        return config
+
+    def start(self) -> None:
+        """Start the kubelet process (kd-fakecri must be running); returns once /healthz is ok."""
+        if self.cri is None or not self.cri.alive():
+            self.start_runtime()
+        config = self.write_config()
+        self.process = Process(
+            "kubelet",
+            [str(self.bin_dir / "kubelet"), f"--kubeconfig={self.kubeconfig}",
+             f"--config={config}", f"--hostname-override={NODE}", f"--root-dir={self.root}",
+             f"--cert-dir={self.root / 'pki'}", "--v=2",
+             # the device manager's GetPreferredAllocation and Allocate calls are logged at 4
+             "--vmodule=manager=4"],
+            self.logs / "kubelet.log",
+        )  # fmt: skip
+        self.process.start()
+        url = f"http://127.0.0.1:{self.healthz_port}/healthz"
+        _poll("kubelet /healthz", lambda: _http_ok(url, None), 60, [self.process])
+        _poll("kubelet.sock", KUBELET_SOCK.is_socket, 30, [self.process])
+
+    def stop(self) -> None:
+        """Stop the kubelet process only (SIGTERM); kd-fakecri and its 'containers' keep running."""
+        if self.process is not None:
+            self.process.stop()
+
+    def stop_all(self) -> None:
+        self.stop()
+        if self.cri is not None:
+            self.cri.stop()
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every CreateContainer the runtime got, oldest first."""
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line.strip()]
+
+    def created(self, namespace: str, pod: str, container: str) -> dict[str, Any]:
+        """The last CreateContainer of ``namespace/pod``'s ``container`` (wait for Running)."""
+        found = [
+            r
+            for r in self.records()
+            if r.get("namespace") == namespace
+            and r.get("pod") == pod
+            and r.get("container") == container
+        ]
+        if not found:
+            raise ClusterError(f"no CreateContainer recorded for {namespace}/{pod}/{container}")
+        return found[-1]
+
+
+def envs(record: dict[str, Any]) -> dict[str, str]:
+    """A CreateContainer record's environment as a dict."""
+    return {e["key"]: e["value"] for e in record.get("envs") or []}
+
+
+# ---------------------------------------------------------------------------------------------
+# the cluster
+
+
+@dataclass
+class Cluster:
+    """The control plane, one kubelet, and an admin API client."""
+
+    bin_dir: Path
+    workdir: Path
+    procs: dict[str, Process] = field(default_factory=dict)
+    extra_logs: dict[str, Path] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    api_port: int = 0
+    kubelet: Kubelet | None = None
+    api: client.ApiClient | None = None
+
+    # -- paths
+    @property
+    def pki(self) -> Path:
+        return self.workdir / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def node_kubeconfig(self) -> Path:
+        return self.workdir / "kubelet.kubeconfig"
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    # -- life cycle
+    @classmethod
+    def start(cls, bin_dir: Path, workdir: Path) -> Cluster:
+        c = cls(bin_dir, workdir)
+        try:
+            c._start_control_plane()
+            c._start_kubelet()
+        except BaseException:
+            c.stop()
+            raise
+        return c
+
+    def _proc(self, name: str, *argv: str) -> Process:
+        p = Process(name, [str(self.bin_dir / name), *argv], self.logs / f"{name}.log")
+        self.procs[name] = p
+        p.start()
+        return p
+
+    def _start_control_plane(self) -> None:
+        users = {
+            "admin": "system:masters",
+            "system:kube-scheduler": "",
+            "system:kube-controller-manager": "",
+            f"system:node:{NODE}": "system:nodes",
+            # a node identity without a kubelet: for 403 tests (NodeRestriction)
+            "system:node:other-node": "system:nodes",
+        }
+        self.tokens = make_pki(self.pki, users)
+        ca = self.pki / "ca.crt"
+        etcd_port, etcd_peer = free_port(), free_port()
+        self.api_port = free_port()
+        sched_port, kcm_port = free_port(), free_port()
+        kc = {
+            name: write_kubeconfig(
+                self.workdir / f"{name}.kubeconfig", self.server, ca, user, self.tokens[user]
+            )
+            for name, user in (
+                ("admin", "admin"),
+                ("scheduler", "system:kube-scheduler"),
+                ("controller-manager", "system:kube-controller-manager"),
+                ("kubelet", f"system:node:{NODE}"),
+                ("other-node", "system:node:other-node"),
+            )
+        }
+        etcd = self._proc(
+            "etcd", "--name", "kd", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-cluster", f"kd=http://127.0.0.1:{etcd_peer}",
+            "--unsafe-no-fsync=true", "--log-level", "warn",
+        )  # fmt: skip
+
+        def etcd_healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=2) as r:
+                    return bool(json.loads(r.read()).get("health") == "true")
+            except (OSError, ValueError):
+                return False
+
+        _poll("etcd /health", etcd_healthy, 60, [etcd])
+        p = self.pki
+        api = self._proc(
+            "kube-apiserver",
+            "--advertise-address=127.0.0.1", "--bind-address=127.0.0.1",
+            f"--secure-port={self.api_port}", f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            f"--tls-cert-file={p / 'apiserver.crt'}",
+            f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={ca}", f"--token-auth-file={p / 'tokens.csv'}",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p / 'sa.pub'}",
+            f"--service-account-signing-key-file={p / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+            f"--requestheader-client-ca-file={p / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+            "--endpoint-reconciler-type=none", "--profiling=false", "--v=1",
+        )  # fmt: skip
+        ctx = ssl.create_default_context(cafile=str(ca))
+        readyz = f"{self.server}/readyz"
+        _poll(
+            "kube-apiserver /readyz",
+            lambda: _http_ok(readyz, ctx, self.tokens["admin"]),
+            120,
+            [etcd, api],
+        )
+        sched = self._proc(
+            "kube-scheduler", f"--kubeconfig={kc['scheduler']}",
+            f"--authentication-kubeconfig={kc['scheduler']}",
+            f"--authorization-kubeconfig={kc['scheduler']}",
+            "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "--leader-elect=false",
+            "--v=1",
+        )  # fmt: skip
+        kcm = self._proc(
+            "kube-controller-manager", f"--kubeconfig={kc['controller-manager']}",
+            f"--authentication-kubeconfig={kc['controller-manager']}",
+            f"--authorization-kubeconfig={kc['controller-manager']}",
+            "--bind-address=127.0.0.1", f"--secure-port={kcm_port}", "--leader-elect=false",
+            "--controllers=*", "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={p / 'sa.key'}", f"--root-ca-file={ca}",
+            f"--cluster-signing-cert-file={ca}", f"--cluster-signing-key-file={p / 'ca.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16", "--allocate-node-cidrs=false", "--v=1",
+        )  # fmt: skip
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        for proc, port in ((sched, sched_port), (kcm, kcm_port)):
+            url = f"https://127.0.0.1:{port}/healthz"
+            _poll(f"{proc.name} /healthz", lambda url=url: _http_ok(url, insecure), 90, [proc])
+        self.api = self.client_for(self.tokens["admin"])
+
+    def client_for(self, token: str) -> client.ApiClient:
+        """An API client for the user of ``token`` (see ``tokens``)."""
+        conf = client.Configuration()
+        conf.host = self.server
+        conf.ssl_ca_cert = str(self.pki / "ca.crt")
+        conf.api_key = {"authorization": token}
+        conf.api_key_prefix = {"authorization": "Bearer"}
+        return client.ApiClient(conf)
+
+    def _start_kubelet(self) -> None:
+        clean_device_plugin_dir()
+        self.kubelet = Kubelet(
+            self.bin_dir,
+            self.workdir / "kubelet",
+            self.logs,
+            self.node_kubeconfig,
+            self.pki / "ca.crt",
+        )
+        self.kubelet.start_runtime()
+        self.procs["kd-fakecri"] = self.kubelet.cri  # type: ignore[assignment]
+        self.kubelet.start()
+        self.wait_node_ready()
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet process and start it again (the runtime and its containers stay)."""
+        assert self.kubelet is not None
+        self.kubelet.stop()
+        self.kubelet.start()
+        self.wait_node_ready()
+
+    def stop(self) -> None:
+        """Stop every process this cluster started, unmount under the workdir, clean up."""
+        if self.api is not None:
+            self.api.close()
+        if self.kubelet is not None:
+            self.kubelet.stop_all()
+        for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
+            if name in self.procs:
+                self.procs[name].stop()
+        unmount_under(self.workdir)
+        if self.kubelet is not None:
+            with contextlib.suppress(ClusterError):
+                clean_device_plugin_dir()
+
+    # -- logs
+    def log_files(self) -> dict[str, Path]:
+        """Every component's log, and those of daemons registered with ``add_log``."""
+        out = {name: p.log for name, p in self.procs.items()}
+        if self.kubelet is not None and self.kubelet.process is not None:
+            out["kubelet"] = self.kubelet.process.log
+        out.update(self.extra_logs)
+        return out
+
+    def add_log(self, name: str, path: Path) -> None:
+        self.extra_logs[name] = path
+
+    # -- API helpers
+    def node(self) -> Any:
+        return self.core.read_node(NODE)
+
+    def wait_node_ready(self, timeout: float = 60) -> Any:
+        def ready(n: Any) -> bool:
+            conds = n.status.conditions or []
+            return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+        return self.wait_node(ready, timeout, "Ready")
+
+    def wait_node(
+        self, predicate: Callable[[Any], bool], timeout: float = 30, what: str = ""
+    ) -> Any:
+        """Watch Node ``NODE`` until ``predicate(node)``; return that node."""
+        return wait_for(
+            self.core.list_node,
+            lambda n: n.metadata.name == NODE and predicate(n),
+            timeout,
+            f"Node {NODE} {what}".strip(),
+            field_selector=f"metadata.name={NODE}",
+        )
+
+    def wait_resource(
+        self,
+        resource: str,
+        *,
+        capacity: int | None = None,
+        allocatable: int | None = None,
+        timeout: float = 30,
+    ) -> Any:
+        """Watch the Node until its capacity and/or allocatable of ``resource`` equal the counts.
+
+        A count of 0 also matches a resource that is absent from the status.
+        """
+
+        def match(n: Any) -> bool:
+            cap = int((n.status.capacity or {}).get(resource, "0"))
+            alloc = int((n.status.allocatable or {}).get(resource, "0"))
+            return (capacity is None or cap == capacity) and (
+                allocatable is None or alloc == allocatable
+            )
+
+        want = ", ".join(
+            f"{k}={v}"
+            for k, v in (("capacity", capacity), ("allocatable", allocatable))
+            if v is not None
+        )
+        return self.wait_node(match, timeout, f"{resource} {want}")
+
+    def create_pod(self, namespace: str, manifest: dict[str, Any]) -> Any:
+        return self.core.create_namespaced_pod(namespace, manifest)
+
+    def wait_pod(
+        self,
+        namespace: str,
+        name: str,
+        predicate: Callable[[Any], bool],
+        timeout: float = 60,
+        what: str = "",
+    ) -> Any:
+        return wait_for(
+            self.core.list_namespaced_pod,
+            lambda p: p.metadata.name == name and predicate(p),
+            timeout,
+            f"pod {namespace}/{name} {what}".strip(),
+            namespace,
+            field_selector=f"metadata.name={name}",
+        )
+
+    def wait_running(self, namespace: str, name: str, timeout: float = 60) -> Any:
+        return self.wait_pod(
+            namespace, name, lambda p: p.status.phase == "Running", timeout, "Running"
+        )
+
+    def wait_scheduled(self, namespace: str, name: str, timeout: float = 60) -> Any:
+        return self.wait_pod(
+            namespace, name, lambda p: bool(p.spec.node_name), timeout, "scheduled"
+        )
+
+    def run_pod(self, namespace: str, manifest: dict[str, Any], timeout: float = 60) -> Any:
+        """Create the pod and wait until it is Running; return the Running pod."""
+        self.create_pod(namespace, manifest)
+        return self.wait_running(namespace, manifest["metadata"]["name"], timeout)
+
+    def events(self, namespace: str, involved: str) -> list[Any]:
+        items = self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={involved}"
+        ).items
+        return list(items)
+
+
+def wait_for(
+    list_fn: Callable[..., Any],
+    predicate: Callable[[Any], bool],
+    timeout: float,
+    what: str,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """List with ``list_fn``, then watch from that list's resourceVersion until an object
+    satisfies ``predicate``; return it. Re-lists when the watch expires (410 Gone).
+
+    Raises:
+        ClusterError: the deadline passed; the message shows the last object seen.
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        listing = list_fn(*args, **kwargs)
+        for item in listing.items:
+            last = item
+            if predicate(item):
+                return item
+        rv = listing.metadata.resource_version
+        w = watch.Watch()
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClusterError(
+                        f"timed out after {timeout:.0f} s waiting for {what}; "
+                        f"last seen:\n{_brief(last)}"
+                    )
+                for ev in w.stream(
+                    list_fn, *args, resource_version=rv, timeout_seconds=max(1, int(left)), **kwargs
+                ):
+                    obj = ev["object"]
+                    if ev["type"] == "ERROR":
+                        break
+                    rv = obj.metadata.resource_version
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        last = obj
+                        if predicate(obj):
+                            return obj
+                else:
+                    continue  # the server ended the watch: watch again from rv
+                break  # an ERROR event (410 Gone): list again
+        except ApiException as e:
+            if e.status != 410:
+                raise
+        finally:
+            w.stop()
+
+
+def _brief(obj: Any) -> str:
+    if obj is None:
+        return "(nothing)"
+    status = getattr(obj, "status", None)
+    return f"{obj.metadata.name}: {status}"[:3000]
+
+
+def unmount_under(root: Path) -> list[str]:
+    """Unmount everything mounted at or below ``root``, deepest first; return what was unmounted."""
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if (point + "/").startswith(prefix):
+                mounts.append(point)
+    done = []
+    for point in sorted(set(mounts), key=len, reverse=True):
+        # a mount may be stacked several times (the kubelet's root dir bind-mount)
+        while subprocess.run(["umount", point], capture_output=True, check=False).returncode == 0:
+            done.append(point)
+    return done
+
+
+@contextlib.contextmanager
+def namespace(cluster: Cluster, name: str) -> Iterator[str]:
+    """A fresh namespace, usable once its ``default`` ServiceAccount exists; deleted afterwards."""
+    core = cluster.core
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    try:
+        wait_for(
+            core.list_namespaced_service_account,
+            lambda sa: sa.metadata.name == "default",
+            30,
+            f"ServiceAccount {name}/default",
+            name,
+        )
+        yield name
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(name, grace_period_seconds=0)
+
+
+def pod_manifest(
+    name: str,
+    limits: dict[str, int] | None = None,
+    *,
+    containers: list[dict[str, Any]] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    """A Pod whose one container ``main`` asks for ``limits`` (or the given containers).
+
+    The service-account token is not mounted (nothing runs in the fake runtime to read it, and
+    the pod starts without waiting for the projected volume).
+    """
+    if containers is None:
+        containers = [container("main", limits or {})]
+    spec: dict[str, Any] = {
+        "containers": containers,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 0,
+    }
+    if init_containers:
+        spec["initContainers"] = init_containers
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def container(name: str, limits: dict[str, int]) -> dict[str, Any]:
+    """A container asking for ``limits`` (extended resources: requests default to limits)."""
+    return {
+        "name": name,
+        "image": "registry.k8s.io/pause:3.10",
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {"limits": {k: str(v) for k, v in limits.items()}},
+    }
+
+
+def poll_until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+    """Poll ``check`` (something with no watch: a plugin's metric, a file) until true.
+
+    Raises:
+        ClusterError: not true within ``timeout`` seconds.
+    """
+    _poll(what, check, timeout, [])

@@ -1,0 +1,169 @@
+"""The end-to-end tier's fixtures (see README.md here): a real cluster per session, a namespace
+per test, plugin daemons, and the components' logs attached to every failing test."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cluster import HOW_TO_GET, Cluster, find_binaries, namespace, tail
+from .plugins import GenericDaemon, GpuDaemon
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+GPU = "nvidia.com/gpu"
+GENERIC_RESOURCE = "example.com/e2e"
+# one device per /dev/e2e* node, with an env, a mount and a CDI name, so a container's record
+# shows every kind of thing the generic plugin hands out
+GENERIC_CONFIG = """\
+version: v1
+resources:
+  - name: example.com/e2e
+    groups:
+      - name: e2e
+        paths:
+          - path: /dev/e2e*
+            permissions: rw
+        envs:
+          E2E_DEVICES: "{devices}"
+          E2E_PATHS: "{paths}"
+        mounts:
+          - hostPath: /etc/hostname
+            containerPath: /etc/e2e-hostname
+            readOnly: true
+        annotations:
+          example.com/e2e-ids: "{ids}"
+"""
+
+_state: dict[str, Any] = {"cluster": None, "bin": None, "checked": False, "why": None}
+
+
+def _why_not() -> str | None:
+    """``None`` when the tier can run here; else the one line saying why not."""
+    if not _state["checked"]:
+        _state["checked"] = True
+        if os.geteuid() != 0:
+            _state["why"] = "the end-to-end tier runs a real kubelet and needs root"
+        else:
+            found = find_binaries(REPO)
+            if found is None:
+                _state["why"] = HOW_TO_GET
+            _state["bin"] = found
+    return _state["why"]  # type: ignore[no-any-return]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ours = [item for item in items if HERE in Path(str(item.path)).parents]
+    for item in ours:
+        item.add_marker(pytest.mark.e2e)
+    if not ours or config.option.collectonly:
+        return
+    selected = config.getoption("markexpr", "")
+    if selected and "not e2e" in selected:
+        return
+    why = _why_not()
+    if why is not None and not os.environ.get("CI"):
+        for item in ours:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kd-fakecri and a kubelet."""
+    why = _why_not()
+    if why is not None:
+        pytest.fail(f"CI is set: {why}", pytrace=False)
+    workdir = Path(tempfile.mkdtemp(prefix="kde-", dir="/tmp"))
+    try:
+        c = Cluster.start(_state["bin"], workdir)
+    except BaseException:
+        logs = workdir / "logs"
+        for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+            print(f"---- {log.name}\n{tail(log)}")
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    _state["cluster"] = c
+    try:
+        yield c
+    finally:
+        _state["cluster"] = None
+        c.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for this test; its pods are force-deleted afterwards."""
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    with namespace(cluster, name):
+        yield name
+        cluster.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+
+
+@pytest.fixture
+def generic_plugin(cluster: Cluster) -> Iterator[Callable[..., GenericDaemon]]:
+    """``generic_plugin(config_yaml)`` -> a started ``kubedevice run`` (stopped after the test).
+
+    Add the fake devices with ``daemon.host`` before or after it starts.
+    """
+    made: list[GenericDaemon] = []
+
+    def make(config: str, *, start: bool = True, name: str = "generic-plugin") -> GenericDaemon:
+        d = GenericDaemon(cluster, config, name=name)
+        made.append(d)
+        if start:
+            d.start()
+        return d
+
+    yield make
+    for d in made:
+        d.close()
+    for d in made:
+        d.wait_gone()
+
+
+@pytest.fixture
+def gpu_plugin(cluster: Cluster) -> Iterator[Callable[..., GpuDaemon]]:
+    """``gpu_plugin(config_yaml="version: v1\\n", machine="dgx-8gpu")`` -> a started GPU daemon."""
+    made: list[GpuDaemon] = []
+
+    def make(
+        config: str = "version: v1\n",
+        *,
+        machine: str = "dgx-8gpu",
+        start: bool = True,
+        name: str = "gpu-plugin",
+        resources: tuple[str, ...] = ("nvidia.com/gpu",),
+    ) -> GpuDaemon:
+        d = GpuDaemon(cluster, config, machine=machine, name=name, resources=resources)
+        made.append(d)
+        if start:
+            d.start()
+        return d
+
+    yield make
+    for d in made:
+        d.close()
+    for d in made:
+        d.wait_gone()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    c: Cluster | None = _state["cluster"]
+    if c is None or not report.failed or HERE not in Path(str(item.path)).parents:
+        return
+    for name, path in sorted(c.log_files().items()):
+        report.sections.append((f"{name} log (last lines)", tail(path)))
