@@ -1,0 +1,257 @@
+"""DriverServer over real sockets with a real API server: registration, prepare, unprepare."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+import kubedevice.dra as dra
+from dra import clients
+from dra.api import Api
+from dra.conftest import create_claim, result
+from dra.fakes import DRIVER, FakeDriver, gpus, server, wait_for_path
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_registration_info_versions_and_socket_modes(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+        reg_sock = kdir / "plugins_registry" / f"{DRIVER}-reg.sock"
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        info = await clients.get_info(reg_sock)
+        assert info.type == "DRAPlugin"
+        assert info.name == DRIVER
+        assert info.endpoint == str(dra_sock)
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth",
+        ]
+        for sock in (reg_sock, dra_sock):
+            mode = sock.lstat().st_mode
+            assert stat.S_ISSOCK(mode)
+            assert stat.S_IMODE(mode) == 0o600, oct(mode)
+        await clients.notify(reg_sock, False, "driver name clash")
+        assert srv.registration.last_error == "driver name clash"
+        await clients.notify(reg_sock, True)
+        assert srv.registration.registrations == 1
+    assert not reg_sock.exists()
+    assert not dra_sock.exists()
+
+
+async def test_no_health_service_when_turned_off(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name, health=False):
+        info = await clients.get_info(kdir / "plugins_registry" / f"{DRIVER}-reg.sock")
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+async def test_sockets_come_back_when_removed(kdir: Path, kubeconfig: Path, node_name: str) -> None:
+    async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name):
+        reg_sock = kdir / "plugins_registry" / f"{DRIVER}-reg.sock"
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        for sock in (reg_sock, dra_sock):
+            sock.unlink()
+            await wait_for_path(sock)
+        info = await clients.get_info(reg_sock)
+        assert info.name == DRIVER
+        answer = await clients.unprepare(dra_sock, [("ns", "c", "uid-unknown")])
+        assert answer.claims["uid-unknown"].error == ""
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "default"
+
+
+async def test_prepare_writes_cdi_spec_answers_ids_and_is_idempotent(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    driver = FakeDriver(gpus(4))
+    claim = create_claim(
+        api,
+        namespace,
+        f"c-{node_name}",
+        requests=["gpu"],
+        results=[
+            result("gpu", DRIVER, node_name, "gpu-1"),
+            result("gpu", DRIVER, node_name, "gpu-3"),
+            result("gpu", "other.example.com", node_name, "x-0"),
+            result("gpu", DRIVER, "another-node", "gpu-0"),
+        ],
+    )
+    uid = claim["metadata"]["uid"]
+    ref = (namespace, claim["metadata"]["name"], uid)
+    async with server(driver, kdir, kubeconfig, node_name):
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        answer = await clients.prepare(dra_sock, [ref])
+        entry = answer.claims[uid]
+        assert entry.error == ""
+        kind = f"k8s.{DRIVER}/claim"
+        assert [
+            (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+            for d in entry.devices
+        ] == [
+            (["gpu"], node_name, "gpu-1", [f"{kind}={uid}-gpu-1"]),
+            (["gpu"], node_name, "gpu-3", [f"{kind}={uid}-gpu-3"]),
+        ]
+        spec_file = kdir / "cdi" / f"k8s.{DRIVER}-claim_{uid}.json"
+        spec = json.loads(spec_file.read_text())
+        assert spec["kind"] == kind
+        assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-1", f"{uid}-gpu-3"]
+        assert spec["devices"][0]["containerEdits"] == {
+            "env": ["FAKE_GPU=1"],
+            "deviceNodes": [
+                {"path": "/dev/fakegpu1", "hostPath": "/dev/null", "permissions": "rw"}
+            ],
+        }
+        # the same claim again (a second pod sharing it): the same answer, prepared once
+        again = await clients.prepare(dra_sock, [ref])
+        assert again == answer
+        beta = await clients.prepare(dra_sock, [ref], version="v1beta1")
+        assert beta.SerializeToString(deterministic=True) == answer.SerializeToString(
+            deterministic=True
+        )
+        assert len(driver.prepared) == 1
+        assert [d.name for d in driver.prepared[0].devices] == ["gpu-1", "gpu-3"]
+        # unprepare: hook, spec removed; twice is fine
+        for _ in range(2):
+            gone = await clients.unprepare(dra_sock, [ref])
+            assert gone.claims[uid].error == ""
+        assert not spec_file.exists()
+        assert len(driver.unprepared) == 1
+        assert driver.unprepared[0].devices == (
+            ("gpu", node_name, "gpu-1"),
+            ("gpu", node_name, "gpu-3"),
+        )
+
+
+async def test_one_claims_error_leaves_the_others_prepared(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    driver = FakeDriver(gpus(2))
+    good = create_claim(
+        api, namespace, f"good-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    unallocated = create_claim(api, namespace, f"unalloc-{node_name}")
+    failing = create_claim(
+        api, namespace, f"fail-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-1")]
+    )
+    crashing = create_claim(
+        api, namespace, f"crash-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-1")]
+    )
+    driver.fail[failing["metadata"]["name"]] = dra.ClaimError("GPU 1 is busy")
+    driver.fail[crashing["metadata"]["name"]] = RuntimeError("boom")
+
+    def ref(c: dict) -> tuple[str, str, str]:
+        return (namespace, c["metadata"]["name"], c["metadata"]["uid"])
+
+    async with server(driver, kdir, kubeconfig, node_name):
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        answer = await clients.prepare(
+            dra_sock,
+            [
+                ref(good),
+                ref(unallocated),
+                ref(failing),
+                ref(crashing),
+                (namespace, good["metadata"]["name"], "not-the-uid"),
+                (namespace, "no-such-claim", "uid-x"),
+                ("", "x", "uid-empty-ns"),
+            ],
+        )
+        errors = {uid: entry.error for uid, entry in answer.claims.items()}
+        assert errors[good["metadata"]["uid"]] == ""
+        assert len(answer.claims[good["metadata"]["uid"]].devices) == 1
+        assert "is not allocated" in errors[unallocated["metadata"]["uid"]]
+        assert errors[failing["metadata"]["uid"]] == "GPU 1 is busy"
+        assert errors[crashing["metadata"]["uid"]] == "preparing failed: RuntimeError: boom"
+        assert "not not-the-uid" in errors["not-the-uid"]
+        assert "does not exist" in errors["uid-x"]
+        assert errors["uid-empty-ns"] == "claim namespace is empty"
+        # still serving
+        info = await clients.get_info(kdir / "plugins_registry" / f"{DRIVER}-reg.sock")
+        assert info.name == DRIVER
+
+
+async def test_opaque_configs_reach_the_hook_class_first_per_request(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    driver = FakeDriver(gpus(2))
+
+    def opaque(source: str, requests: list[str], parameters: object) -> dict:
+        return {
+            "source": source,
+            "requests": requests,
+            "opaque": {"driver": DRIVER, "parameters": parameters},
+        }
+
+    claim = create_claim(
+        api,
+        namespace,
+        f"cfg-{node_name}",
+        requests=["a", "b"],
+        results=[result("a", DRIVER, node_name, "gpu-0"), result("b", DRIVER, node_name, "gpu-1")],
+        config=[
+            opaque("FromClaim", ["a"], {"kind": "GpuConfig", "sharing": "claim-a"}),
+            opaque("FromClass", [], {"kind": "GpuConfig", "sharing": "class"}),
+            {
+                "source": "FromClaim",
+                "requests": [],
+                "opaque": {"driver": "other.io", "parameters": {}},
+            },
+        ],
+    )
+    async with server(driver, kdir, kubeconfig, node_name):
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        answer = await clients.prepare(
+            dra_sock,
+            [(namespace, claim["metadata"]["name"], claim["metadata"]["uid"])],
+        )
+        assert answer.claims[claim["metadata"]["uid"]].error == ""
+        prepared = next(c for c in driver.prepared if c.ref.uid == claim["metadata"]["uid"])
+        assert [c.parameters["sharing"] for c in prepared.configs] == ["class", "claim-a"]
+        by_request = {
+            d.request: [c.parameters["sharing"] for c in d.configs] for d in prepared.devices
+        }
+        assert by_request == {"a": ["class", "claim-a"], "b": ["class"]}
+
+
+async def test_restarted_driver_unprepares_from_its_checkpoint(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    claim = create_claim(
+        api, namespace, f"rs-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+    first = FakeDriver(gpus(1))
+    async with server(first, kdir, kubeconfig, node_name):
+        prepared = await clients.prepare(dra_sock, [ref])
+    second = FakeDriver(gpus(1))
+    async with server(second, kdir, kubeconfig, node_name):
+        again = await clients.prepare(dra_sock, [ref])
+        assert again == prepared
+        assert second.prepared == []  # answered from the checkpoint
+        gone = await clients.unprepare(dra_sock, [ref])
+        assert gone.claims[ref[2]].error == ""
+        assert [c.ref.uid for c in second.unprepared] == [ref[2]]
+
+
+async def test_corrupt_checkpoint_is_moved_aside_with_a_warning(
+    kdir: Path, kubeconfig: Path, node_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin_dir = kdir / "plugins" / DRIVER
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / "checkpoint.json").write_text('{"version": 1, "claims": {"x": ')
+    async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name) as srv:
+        assert srv.checkpoint.claims == {}
+    aside = [p.name for p in plugin_dir.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
+    assert len(aside) == 1
+    assert "is unusable" in caplog.text
