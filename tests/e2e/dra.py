@@ -33,6 +33,9 @@ from .cluster import NODE, Cluster, ClusterError, Process, wait_for
 
 KUBEDEVICE = str(Path(sys.executable).with_name("kubedevice"))
 REGISTERED = "registered with the kubelet as DRA driver"
+PREPARED = "kubedevice.dra.service: prepared claim "
+UNPREPARED = "kubedevice.dra.service: unprepared claim "
+_serial = iter(range(1, 1_000_000))
 
 
 def wait_file(
@@ -51,7 +54,9 @@ def wait_file(
             while not predicate(path):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what or path}")
+                    raise ClusterError(
+                        f"timed out after {timeout:.0f} s waiting for {what or path}"
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ino.get(), left)
 
@@ -73,6 +78,7 @@ class DraDriver:
     ) -> None:
         assert cluster.kubelet is not None
         self.cluster = cluster
+        name = f"{name}-{next(_serial)}"  # a log of its own: counts are this driver's
         self.name = name
         self.driver = driver
         self.root = root
@@ -167,7 +173,11 @@ class GenericDra(DraDriver):
     """``kubedevice run --dra`` on a fake host (``host.add_char_device`` / ``remove``)."""
 
     def __init__(
-        self, cluster: Cluster, config: str, driver: str = "dev.kubedevice.io", name: str = "dev-dra"
+        self,
+        cluster: Cluster,
+        config: str,
+        driver: str = "dev.kubedevice.io",
+        name: str = "dev-dra",
     ) -> None:
         root = Path(tempfile.mkdtemp(prefix="kddd-", dir="/tmp"))
         self.host = FakeHost(root / "host")
@@ -194,7 +204,9 @@ def resource_api(cluster: Cluster) -> client.ResourceV1Api:
 def slice_devices(cluster: Cluster, driver: str) -> dict[str, Any]:
     """The devices of the driver's slices on the node, by name."""
     out: dict[str, Any] = {}
-    for s in resource_api(cluster).list_resource_slice(field_selector=f"spec.driver={driver}").items:
+    for s in (
+        resource_api(cluster).list_resource_slice(field_selector=f"spec.driver={driver}").items
+    ):
         if s.spec.node_name == NODE:
             out.update({d.name: d for d in s.spec.devices or []})
     return out
@@ -244,9 +256,7 @@ def device_class(cluster: Cluster, *expressions: str, prefix: str = "e2e") -> It
             api.delete_device_class(name)
 
 
-def request(
-    name: str, device_class_name: str, count: int = 1, *selectors: str
-) -> dict[str, Any]:
+def request(name: str, device_class_name: str, count: int = 1, *selectors: str) -> dict[str, Any]:
     exactly: dict[str, Any] = {
         "deviceClassName": device_class_name,
         "allocationMode": "ExactCount",
@@ -329,7 +339,11 @@ def pod_claim(cluster: Cluster, ns: str, pod: str) -> Any:
     """The ResourceClaim a (scheduled) pod uses: the first of its claim statuses."""
     p = cluster.core.read_namespaced_pod(pod, ns)
     statuses = p.status.resource_claim_statuses or []
-    name = statuses[0].resource_claim_name if statuses else p.spec.resource_claims[0].resource_claim_name
+    name = (
+        statuses[0].resource_claim_name
+        if statuses
+        else p.spec.resource_claims[0].resource_claim_name
+    )
     return resource_api(cluster).read_namespaced_resource_claim(name, ns)
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from .cluster import Cluster
 from .dra import (
+    PREPARED,
+    UNPREPARED,
     GpuDra,
     allocated,
     claim_pod,
@@ -132,7 +134,7 @@ def test_a_claim_shared_by_two_pods_is_prepared_once(
         ids_b = _cdi_ids(kubelet.created(ns, "b", "main"))
         assert ids_a == ids_b
         assert len(ids_a) == 1
-        assert log_count(drv.log, "prepared claim ") == 1
+        assert log_count(drv.log, PREPARED) == 1
         assert len(drv.cdi_specs()) == 1
         delete_pod(cluster, ns, "a")
         assert len(drv.cdi_specs()) == 1  # b still uses it
@@ -153,7 +155,7 @@ def test_a_restarted_driver_unprepares_what_it_prepared(
         drv.start()
         delete_pod(cluster, ns, "p")
         drv.wait_specs(lambda specs: not specs, "the spec removed by the restarted driver")
-        assert log_count(drv.log, "unprepared claim ") == 1
+        assert log_count(drv.log, UNPREPARED) == 1
 
 
 def test_kubelet_restart_registers_again(
