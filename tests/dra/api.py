@@ -51,3 +51,49 @@ class Api:
             fieldSelector=f"spec.driver={driver},spec.nodeName={node}",
         )["items"]
         return sorted(items, key=lambda s: s["metadata"]["name"])
+
+    def wait_for_slices(self, driver: str, node: str, devices: int, timeout: int = 30) -> None:
+        """Watch (no polling) until the pool's slices hold ``devices`` devices in all."""
+        listing = self.call(
+            "GET",
+            f"{RESOURCE}/resourceslices",
+            fieldSelector=f"spec.driver={driver},spec.nodeName={node}",
+        )
+        current = {s["metadata"]["name"]: s for s in listing["items"]}
+
+        def count() -> int:
+            return sum(len(s["spec"].get("devices") or []) for s in current.values())
+
+        if count() == devices:
+            return
+        query = urlencode(
+            {
+                "watch": "1",
+                "resourceVersion": listing["metadata"]["resourceVersion"],
+                "fieldSelector": f"spec.driver={driver},spec.nodeName={node}",
+                "timeoutSeconds": str(timeout),
+            }
+        )
+        response = self.http.request(
+            "GET",
+            f"{self.server}{RESOURCE}/resourceslices?{query}",
+            headers={"Authorization": f"Bearer {self.token}"},
+            preload_content=False,
+        )
+        try:
+            buffer = b""
+            for chunk in response.stream(4096):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    event = json.loads(line)
+                    name = event["object"]["metadata"]["name"]
+                    if event["type"] == "DELETED":
+                        current.pop(name, None)
+                    else:
+                        current[name] = event["object"]
+                    if count() == devices:
+                        return
+        finally:
+            response.release_conn()
+        raise AssertionError(f"slices hold {count()} devices, not {devices}")

@@ -1,13 +1,10 @@
 """kubedevice.dra: write a Kubernetes DRA driver (kubelet plugin) in Python.
 
-STATUS (for the drivers being built on this kit; the public API below is stable):
-- ready: the device model (``Device``, typed attributes str/int/bool/``Version``,
-  capacities as ``Quantity``, ``Health``), the driver interface (``Driver.devices``,
-  ``prepare(Claim)``, ``unprepare(PreparedClaim)``) and the entry points (``serve``,
-  ``run``, ``main``, ``argument_parser``, ``options_from_args``, ``cleanup``,
-  ``DriverOptions``).
-- being built behind them: the DRA/registration/health gRPC services, the prepared-claim
-  checkpoint, CDI specs, ResourceSlice publishing (``kubedevice.dra.server`` and friends).
+STATUS (for the drivers built on this kit; the public API below is stable): everything
+is ready and tested: the device model, the driver interface, the entry points, and behind
+them registration, the DRA v1/v1beta1 and health services, claims read from the API
+server, CDI specs, the checkpoint and ResourceSlice publishing (tests/dra/ on a real API
+server; tests/e2e/test_dra_kit.py on the real scheduler and kubelet). docs/dra.md.
 
 A driver author subclasses :class:`Driver`: :meth:`Driver.devices` yields the node's
 devices (a full list on every change), :meth:`Driver.prepare` says what a claim's

@@ -80,6 +80,8 @@ class ClaimService:
         self.devices = devices
         self._locks: dict[str, asyncio.Lock] = {}
         self._save_lock = asyncio.Lock()
+        self._changes = 0  # checkpoint changes made
+        self._saved = 0  # of which saved
 
     # ---- the RPCs (v1 messages) ------------------------------------------------------
 
@@ -217,8 +219,16 @@ class ClaimService:
         return lock
 
     async def _save(self) -> None:
+        """Save the checkpoint with this change; one write serves every change made
+        while the previous write ran (claims of one call are saved together)."""
+        self._changes += 1
+        mine = self._changes
         async with self._save_lock:
+            if self._saved >= mine:
+                return
+            upto = self._changes
             await asyncio.to_thread(self.checkpoint.save)
+            self._saved = upto
 
 
 def _ref(raw: v1.Claim) -> ClaimRef:

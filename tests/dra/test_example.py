@@ -1,0 +1,130 @@
+"""examples/dra_minimal.py as a real process: registration, slices, a prepared claim, SIGTERM.
+
+docs/dra.md shows the example verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra import clients
+from dra.api import Api
+from dra.conftest import create_claim, result
+from dra.fakes import wait_for_path
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "dra_minimal.py"
+DRIVER = "counter.example.com"
+
+
+def test_docs_embed_the_example_verbatim() -> None:
+    doc = (ROOT / "docs" / "dra.md").read_text()
+    code = EXAMPLE.read_text().split('"""', 2)[2].strip()
+    assert "```python\n# examples/dra_minimal.py: python examples/dra_minimal.py " in doc
+    assert code in doc
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLE), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NODE_NAME": ""},
+    )
+
+
+@pytest.fixture
+def driver_process(kdir: Path, kubeconfig: Path, node_name: str) -> Iterator[subprocess.Popen]:
+    proc = _start(
+        "--node-name",
+        node_name,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--kubelet-dir",
+        str(kdir),
+        "--cdi-dir",
+        str(kdir / "cdi"),
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+async def test_example_driver_end_to_end(
+    driver_process: subprocess.Popen, kdir: Path, node_name: str, api: Api
+) -> None:
+    reg_sock = kdir / "plugins_registry" / f"{DRIVER}-reg.sock"
+    await wait_for_path(reg_sock, timeout=30)
+    info = await clients.register(reg_sock)
+    assert info.endpoint == str(kdir / "plugins" / DRIVER / "dra.sock")
+    api.wait_for_slices(DRIVER, node_name, devices=4)
+
+    claim = create_claim(
+        api,
+        "default",
+        f"ex-{node_name}",
+        results=[result("gpu", DRIVER, node_name, "counter-2")],
+        config=[
+            {
+                "source": "FromClass",
+                "opaque": {"driver": DRIVER, "parameters": {"greeting": "from the class"}},
+            },
+            {
+                "source": "FromClaim",
+                "requests": ["gpu"],
+                "opaque": {"driver": DRIVER, "parameters": {"greeting": "hi"}},
+            },
+        ],
+    )
+    uid = claim["metadata"]["uid"]
+    answer = await clients.prepare(
+        Path(info.endpoint), [("default", claim["metadata"]["name"], uid)]
+    )
+    assert answer.claims[uid].error == ""
+    assert list(answer.claims[uid].devices[0].cdi_device_ids) == [
+        f"k8s.{DRIVER}/claim={uid}-counter-2"
+    ]
+    spec = json.loads((kdir / "cdi" / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
+    assert spec["devices"][0]["containerEdits"]["env"] == ["COUNTER=2", "GREETING=hi"]
+
+    driver_process.send_signal(signal.SIGTERM)
+    output, _ = driver_process.communicate(timeout=30)
+    assert driver_process.returncode == 0, output
+    assert not reg_sock.exists()
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--node-name", "Bad_Node"], "node name 'Bad_Node' is not a DNS subdomain"),
+        ([], "no node name: pass --node-name or set $NODE_NAME"),
+        (["--driver-name", "UPPER.example.com", "--node-name", "n"], "driver name 'UPPER"),
+        (
+            ["--node-name", "n", "--kubeconfig", "/nonexistent/kubeconfig"],
+            "cannot load the kubeconfig /nonexistent/kubeconfig",
+        ),
+    ],
+    ids=["bad-node", "no-node", "bad-driver", "no-kubeconfig"],
+)
+def test_bad_options_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    proc = _start(*args)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2, output
+    assert message in output
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1, output

@@ -1,0 +1,195 @@
+"""ResourceSlices on a real API server: chunks, generations, ownership, stale ones, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+import kubedevice.dra as dra
+from dra import clients
+from dra.api import RESOURCE, Api
+from dra.fakes import DRIVER, FakeDriver, gpus, server
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _foreign_slice(name: str, driver: str, node: str) -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 7, "resourceSliceCount": 1},
+            "devices": [{"name": "old-0"}],
+        },
+    }
+
+
+async def test_devices_published_in_chunks_of_128_with_types_and_owner(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    node = api.call("GET", f"/api/v1/nodes/{node_name}")
+    driver = FakeDriver(gpus(300))
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        slices = api.slices(DRIVER, node_name)
+        assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
+        for s in slices:
+            spec = s["spec"]
+            assert spec["driver"] == DRIVER
+            assert spec["nodeName"] == node_name
+            assert spec["pool"] == {"name": node_name, "generation": 1, "resourceSliceCount": 3}
+            assert s["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node_name,
+                    "uid": node["metadata"]["uid"],
+                    "controller": True,
+                }
+            ]
+        first = slices[0]["spec"]["devices"][0]
+        assert first == {
+            "name": "gpu-0",
+            "attributes": {
+                "index": {"int": 0},
+                "model": {"string": "Fake H100"},
+                "mig": {"bool": False},
+                "driverVersion": {"version": "550.54.15"},
+                "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+        names = {d["name"] for s in slices for d in s["spec"]["devices"]}
+        assert names == {f"gpu-{i}" for i in range(300)}
+
+        # a change: fewer devices, one unhealthy -> one generation up, the stale slice gone
+        driver.snapshots.put_nowait(gpus(130, unhealthy=[5]))
+        await asyncio.sleep(0)  # let the device list reach the publisher
+        await asyncio.wait_for(srv.wait_published(), 30)
+        slices = api.slices(DRIVER, node_name)
+        assert [len(s["spec"]["devices"]) for s in slices] == [128, 1]
+        assert {s["spec"]["pool"]["generation"] for s in slices} == {2}
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+        names = {d["name"] for s in slices for d in s["spec"]["devices"]}
+        assert "gpu-5" not in names
+        assert len(names) == 129
+
+
+async def test_start_adopts_updates_and_deletes_stale_but_not_others(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    stale = f"{node_name}-stale"
+    foreign = f"{node_name}-foreign"
+    api.call("POST", f"{RESOURCE}/resourceslices", _foreign_slice(stale, DRIVER, node_name))
+    api.call("POST", f"{RESOURCE}/resourceslices", _foreign_slice(foreign, "other.io", node_name))
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        slices = api.slices(DRIVER, node_name)
+        assert [s["metadata"]["name"] for s in slices] == [f"{node_name}-{DRIVER}-0"]
+        assert slices[0]["spec"]["pool"]["generation"] == 8  # above the adopted pool's 7
+        assert len(api.slices("other.io", node_name)) == 1
+    # a restart with the same devices adopts them without writing
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        assert srv.publisher is not None
+        assert srv.publisher.writes == 0
+        assert api.slices(DRIVER, node_name)[0]["spec"]["pool"]["generation"] == 8
+
+
+async def test_reregistration_republishes_deleted_slices(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+        reg_sock = kdir / "plugins_registry" / f"{DRIVER}-reg.sock"
+        await clients.register(reg_sock)
+        await asyncio.wait_for(srv.wait_published(), 30)
+        for s in api.slices(DRIVER, node_name):  # what the kubelet does after unregistration
+            api.call("DELETE", f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
+        await clients.register(reg_sock)  # the kubelet restarted and registered us again
+        await asyncio.wait_for(srv.wait_published(), 30)
+        slices = api.slices(DRIVER, node_name)
+        assert [len(s["spec"]["devices"]) for s in slices] == [2]
+
+
+async def test_cleanup_removes_slices_and_cdi_specs(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    options = dra.DriverOptions(
+        node_name=node_name, kubelet_dir=kdir, cdi_dir=kdir / "cdi", kubeconfig=kubeconfig
+    )
+    async with server(FakeDriver(gpus(200)), kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+    (kdir / "cdi").mkdir()
+    (kdir / "cdi" / f"k8s.{DRIVER}-claim_abc.json").write_text("{}")
+    (kdir / "cdi" / "someone-else.json").write_text("{}")
+    removed = await dra.cleanup(FakeDriver([]), options)
+    assert removed == 3
+    assert api.slices(DRIVER, node_name) == []
+    assert sorted(p.name for p in (kdir / "cdi").iterdir()) == ["someone-else.json"]
+
+
+async def test_api_errors_are_retried_not_fatal(
+    kdir: Path, kubeconfig: Path, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the Node does not exist yet: the owner reference cannot be made; retried, logged
+    node_name = "node-late-" + kdir.name.lower().replace("_", "-")[-6:]
+    failed = asyncio.Event()
+
+    class _Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "publishing ResourceSlices failed" in record.getMessage():
+                failed.set()
+
+    seen = _Seen()
+    logging.getLogger("kubedevice.dra.slices").addHandler(seen)
+    try:
+        async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name) as srv:
+            assert srv.publisher is not None
+            srv.publisher.backoff.maximum = 0.5
+            await asyncio.wait_for(failed.wait(), 30)
+            info = await clients.get_info(kdir / "plugins_registry" / f"{DRIVER}-reg.sock")
+            assert info.name == DRIVER  # serving meanwhile
+            api.call("POST", "/api/v1/nodes", {"metadata": {"name": node_name}})
+            try:
+                await asyncio.wait_for(srv.wait_published(), 30)
+                assert len(api.slices(DRIVER, node_name)) == 1
+            finally:
+                api.call("DELETE", f"/api/v1/nodes/{node_name}")
+    finally:
+        logging.getLogger("kubedevice.dra.slices").removeHandler(seen)
+    assert "404" in caplog.text
+
+
+async def test_a_conflict_lists_again_and_wins(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubedevice.dra.kube import KubeClient
+
+    replace = KubeClient.replace_slice
+    meddled: list[str] = []
+
+    def meddling_replace(self: KubeClient, body: dict) -> dict:
+        if not meddled:  # someone else writes the slice between our list and our write
+            name = body["metadata"]["name"]
+            current = api.call("GET", f"{RESOURCE}/resourceslices/{name}")
+            current["metadata"].setdefault("labels", {})["meddled"] = "yes"
+            api.call("PUT", f"{RESOURCE}/resourceslices/{name}", current)
+            meddled.append(name)
+        return replace(self, body)
+
+    driver = FakeDriver(gpus(2))
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        monkeypatch.setattr(KubeClient, "replace_slice", meddling_replace)
+        driver.snapshots.put_nowait(gpus(3))
+        await asyncio.sleep(0)  # let the device list reach the publisher
+        await asyncio.wait_for(srv.wait_published(), 30)
+    assert meddled
+    slices = api.slices(DRIVER, node_name)
+    assert [len(s["spec"]["devices"]) for s in slices] == [3]

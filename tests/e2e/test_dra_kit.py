@@ -1,0 +1,160 @@
+"""The DRA driver kit on the real scheduler and kubelet, with examples/dra_minimal.py.
+
+The kubelet registers the driver through its plugin watcher, the scheduler allocates from
+the driver's ResourceSlices with a CEL selector, the kubelet calls NodePrepareResources and
+hands the runtime the claim's CDI device; deleting the pod unprepares the claim.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from .cluster import NODE, Cluster, container, pod_manifest, poll_until, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "counter.example.com"
+
+
+@pytest.fixture
+def dra_driver(cluster: Cluster) -> Iterator[Path]:
+    """examples/dra_minimal.py as a process on the cluster's kubelet; yields its CDI dir."""
+    assert cluster.kubelet is not None
+    work = cluster.workdir / f"dra-{uuid.uuid4().hex[:6]}"
+    cdi = work / "cdi"
+    cdi.mkdir(parents=True)
+    log = work / "driver.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "examples" / "dra_minimal.py"),
+                "--node-name",
+                NODE,
+                "--kubeconfig",
+                str(cluster.admin_kubeconfig),
+                "--kubelet-dir",
+                str(cluster.kubelet.root),
+                "--cdi-dir",
+                str(cdi),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    cluster.add_log("dra-minimal", log)
+    try:
+        yield cdi
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log.read_text()
+
+
+def _resource(cluster: Cluster) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(cluster.api)
+
+
+def test_pod_with_a_claim_gets_the_cdi_device_and_unprepares(
+    cluster: Cluster, ns: str, dra_driver: Path
+) -> None:
+    slices = client.ResourceV1Api(cluster.api)
+    wait_for(
+        slices.list_resource_slice,
+        lambda s: len(s.spec.devices or []) == 4,
+        60,
+        "the driver's ResourceSlice with 4 devices",
+        field_selector=f"spec.driver={DRIVER},spec.nodeName={NODE}",
+    )
+    klass = f"counter-{uuid.uuid4().hex[:6]}"
+    _resource(cluster).create_cluster_custom_object(
+        "resource.k8s.io",
+        "v1",
+        "deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": klass},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": (
+                                f'device.driver == "{DRIVER}" && '
+                                f'device.attributes["{DRIVER}"].index >= 2 && '
+                                f'device.capacity["{DRIVER}"].memory'
+                                '.compareTo(quantity("512Mi")) >= 0'
+                            )
+                        }
+                    }
+                ]
+            },
+        },
+    )
+    try:
+        _resource(cluster).create_namespaced_custom_object(
+            "resource.k8s.io",
+            "v1",
+            ns,
+            "resourceclaimtemplates",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-counter"},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "c", "exactly": {"deviceClassName": klass, "count": 1}}
+                            ],
+                            "config": [
+                                {
+                                    "requests": ["c"],
+                                    "opaque": {
+                                        "driver": DRIVER,
+                                        "parameters": {"greeting": "from e2e"},
+                                    },
+                                }
+                            ],
+                        }
+                    }
+                },
+            },
+        )
+        main = container("main", {})
+        main["resources"] = {"claims": [{"name": "counter"}]}
+        manifest = pod_manifest("dra-pod", containers=[main])
+        manifest["spec"]["resourceClaims"] = [
+            {"name": "counter", "resourceClaimTemplateName": "one-counter"}
+        ]
+        cluster.run_pod(ns, manifest, timeout=90)
+
+        pod = cluster.core.read_namespaced_pod("dra-pod", ns)
+        claim_name = pod.status.resource_claim_statuses[0].resource_claim_name
+        claim = _resource(cluster).get_namespaced_custom_object(
+            "resource.k8s.io", "v1", ns, "resourceclaims", claim_name
+        )
+        uid = claim["metadata"]["uid"]
+        device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        assert device in ("counter-2", "counter-3")  # the CEL selector's index >= 2
+        assert cluster.kubelet is not None
+        record = cluster.kubelet.created(ns, "dra-pod", "main")
+        assert [d["name"] for d in record["cdiDevices"]] == [f"k8s.{DRIVER}/claim={uid}-{device}"]
+        spec_file = dra_driver / f"k8s.{DRIVER}-claim_{uid}.json"
+        spec = json.loads(spec_file.read_text())
+        assert spec["devices"][0]["containerEdits"]["env"] == [
+            f"COUNTER={device[-1]}",
+            "GREETING=from e2e",
+        ]
+
+        cluster.core.delete_namespaced_pod("dra-pod", ns, grace_period_seconds=0)
+        poll_until("the claim's CDI spec removed", lambda: not spec_file.exists(), timeout=60)
+    finally:
+        _resource(cluster).delete_cluster_custom_object(
+            "resource.k8s.io", "v1", "deviceclasses", klass
+        )
