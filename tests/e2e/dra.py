@@ -74,7 +74,14 @@ class DraDriver:
     """One DRA driver process; ``start()`` again after ``stop()``/``kill()`` restarts it."""
 
     def __init__(
-        self, cluster: Cluster, name: str, driver: str, argv: list[str], root: Path, env: Any
+        self,
+        cluster: Cluster,
+        name: str,
+        driver: str,
+        argv: list[str],
+        root: Path,
+        env: Any,
+        kubeconfig: Path | None = None,
     ) -> None:
         assert cluster.kubelet is not None
         self.cluster = cluster
@@ -88,7 +95,8 @@ class DraDriver:
             name,
             [KUBEDEVICE, "--log-level", "debug", *argv, "--driver-name", driver,
              "--node-name", NODE, "--kubelet-dir", str(cluster.kubelet.root),
-             "--cdi-dir", str(self.cdi_dir), "--kubeconfig", str(cluster.admin_kubeconfig)],
+             "--cdi-dir", str(self.cdi_dir),
+             "--kubeconfig", str(kubeconfig or cluster.admin_kubeconfig)],
             self.log,
             env={**os.environ, **(env or {})},
         )  # fmt: skip
@@ -140,6 +148,7 @@ class GpuDra(DraDriver):
         driver: str = "gpu.kubedevice.io",
         config: str = "version: v1\n",
         name: str = "gpu-dra",
+        kubeconfig: Path | None = None,
     ) -> None:
         root = Path(tempfile.mkdtemp(prefix="kddg-", dir="/tmp"))
         self.nvml = FakeNvml.from_file(machine)
@@ -155,6 +164,7 @@ class GpuDra(DraDriver):
              "--dev-root", str(root / "dev"), "--sys-root", str(root / "sys")],
             root,
             {"KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock")},
+            kubeconfig,
         )  # fmt: skip
 
     @property

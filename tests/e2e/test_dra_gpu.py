@@ -8,6 +8,7 @@ spec in the driver's CDI dir names the right /dev/nvidiaN.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -266,3 +267,58 @@ def test_a_bad_gpu_config_fails_prepare_naming_the_field(
         )
         pod = cluster.core.read_namespaced_pod("p", ns)
         assert pod.status.phase == "Pending"
+
+
+def test_the_charts_rbac_is_enough(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra], tmp_path: Path
+) -> None:
+    """The driver runs as a ServiceAccount bound to the chart's own ClusterRole, nothing more."""
+    from deploy.render import render
+    from kubernetes import client
+
+    from .cluster import write_kubeconfig
+
+    [role] = [
+        d
+        for d in render(values={"dra.nvidia.enabled": "true"})
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("dra-nvidia")
+    ]
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    name = f"dra-rbac-{ns}"[:60]
+    role["metadata"] = {"name": name}
+    rbac.create_cluster_role(role)
+    try:
+        cluster.core.create_namespaced_service_account(ns, {"metadata": {"name": "driver"}})
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": name},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": name,
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "driver", "namespace": ns}],
+            }
+        )
+        token = cluster.core.create_namespaced_service_account_token(
+            "driver", ns, {"spec": {"expirationSeconds": 3600}}
+        ).status.token
+        kubeconfig = write_kubeconfig(
+            tmp_path / "driver.kubeconfig",
+            cluster.server,
+            cluster.pki / "ca.crt",
+            f"system:serviceaccount:{ns}:driver",
+            token,
+        )
+        drv = gpu_dra(kubeconfig=kubeconfig)
+        wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+        with device_class(cluster, IS_GPU) as cls:
+            create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
+            cluster.run_pod(ns, claim_pod("p", template="one"))
+            delete_pod(cluster, ns, "p")
+            drv.wait_specs(lambda specs: not specs, "the claim's CDI spec removed")
+        assert "Forbidden" not in drv.log.read_text()
+        assert " 403" not in drv.log.read_text()
+    finally:
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
