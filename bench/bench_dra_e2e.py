@@ -72,6 +72,7 @@ def main() -> None:
 
     from e2e.cluster import NODE, Cluster, find_binaries, namespace
     from e2e.dra import (
+        POD_TIMEOUT,
         REGISTERED,
         GpuDra,
         claim_pod,
@@ -124,18 +125,27 @@ def main() -> None:
                 name = f"p{i}"
                 t0 = time.monotonic()
                 cluster.create_pod(ns, claim_pod(name, template="one"))
-                cluster.wait_running(ns, name, timeout=60)
+                cluster.wait_running(ns, name, timeout=POD_TIMEOUT)
                 if i:  # the first pod warms the scheduler's and kubelet's caches
                     running.append((time.monotonic() - t0) * 1000)
                 delete_pod(cluster, ns, name)
         drv.close()
+        # a pod the kubelet could not prepare at once (its node authorizer race, see
+        # tests/e2e/dra.py POD_TIMEOUT) waits for the kubelet's 1-minute resync: counted apart
+        slow = [t for t in running if t > 30_000]
+        out["pods_waiting_for_kubelet_resync"] = len(slow)
+        running = [t for t in running if t <= 30_000] or running
         out["pod_created_to_running_ms_p50"] = statistics.median(running)
         out["pod_created_to_running_ms_p90"] = pct(running, 0.9)
         out["pod_created_to_running_ms_max"] = max(running)
         out["node"] = NODE
         out["runs"] = {"starts": args.starts, "pods": args.pods}
         out["load_1m"] = os.getloadavg()[0]
-    finally:
+    except BaseException:
+        cluster.stop()
+        print(f"failed; logs kept in {workdir / 'logs'}", file=sys.stderr)
+        raise
+    else:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}))

@@ -345,6 +345,17 @@ def claim_pod(
     }
 
 
+#: How long a DRA pod may take to run. The kubelet can fetch a claim before the API server's
+#: node authorizer has linked it to the node ("no relationship found"); it then retries only
+#: at its next pod resync (1 minute), so a wait must outlast that.
+POD_TIMEOUT = 150
+
+
+def run_claim_pod(cluster: Cluster, ns: str, manifest: dict[str, Any]) -> Any:
+    """Create a pod using claims and wait until it is Running (see :data:`POD_TIMEOUT`)."""
+    return cluster.run_pod(ns, manifest, timeout=POD_TIMEOUT)
+
+
 def pod_claim(cluster: Cluster, ns: str, pod: str) -> Any:
     """The ResourceClaim a (scheduled) pod uses: the first of its claim statuses."""
     p = cluster.core.read_namespaced_pod(pod, ns)

@@ -19,6 +19,7 @@ from .dra import (
     device_class,
     pod_claim,
     request,
+    run_claim_pod,
     slice_devices,
     wait_slices,
 )
@@ -68,7 +69,7 @@ def test_a_dev_node_reaches_the_container(
     assert attrs["group"].string == "e2e"
     with device_class(cluster, IS_E2E) as cls:
         create_template(cluster, ns, "one", claim_spec(request("dev", cls)))
-        cluster.run_pod(ns, claim_pod("p", template="one"))
+        run_claim_pod(cluster, ns, claim_pod("p", template="one"))
         assert allocated(pod_claim(cluster, ns, "p")) == [name]
         record = cluster.kubelet.created(ns, "p", "main")  # type: ignore[union-attr]
         [cdi_id] = [d["name"] for d in record["cdiDevices"]]
@@ -98,7 +99,7 @@ def test_hot_plug_reaches_the_slices(
     assert paths == {"/dev/e2e1"}
     with device_class(cluster, IS_E2E) as cls:
         create_template(cluster, ns, "one", claim_spec(request("dev", cls)))
-        cluster.run_pod(ns, claim_pod("p", template="one"))
+        run_claim_pod(cluster, ns, claim_pod("p", template="one"))
         assert allocated(pod_claim(cluster, ns, "p")) == [left]
 
 
@@ -126,7 +127,7 @@ def test_pci_attributes_from_sysfs_select_the_device(
         f'device.attributes["{std}"].pcieRoot == "pci0000:3a"',
     ) as cls:
         create_template(cluster, ns, "pci", claim_spec(request("dev", cls)))
-        cluster.run_pod(ns, claim_pod("p", template="pci"))
+        run_claim_pod(cluster, ns, claim_pod("p", template="pci"))
         [name] = allocated(pod_claim(cluster, ns, "p"))
         attrs: Any = slice_devices(cluster, DRIVER)[name].attributes
         assert attrs["path"].string == "/dev/e2e1"

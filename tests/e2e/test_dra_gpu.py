@@ -15,6 +15,7 @@ import pytest
 
 from .cluster import Cluster
 from .dra import (
+    POD_TIMEOUT,
     PREPARED,
     UNPREPARED,
     GpuDra,
@@ -28,6 +29,7 @@ from .dra import (
     log_count,
     pod_claim,
     request,
+    run_claim_pod,
     wait_slices,
     wait_unschedulable,
 )
@@ -84,7 +86,7 @@ def test_two_gpus_of_one_nvlink_domain_reach_the_container(
                 match_attribute=f"{DRIVER}/nvlinkDomain",
             ),
         )
-        cluster.run_pod(ns, claim_pod("p", template="two"))
+        run_claim_pod(cluster, ns, claim_pod("p", template="two"))
         claim = pod_claim(cluster, ns, "p")
         got = allocated(claim)
         assert len(got) == 2
@@ -115,7 +117,7 @@ def test_capacity_selector_with_quantity(
     ):
         create_template(cluster, ns, "big", claim_spec(request("gpu", big)))
         create_template(cluster, ns, "huge", claim_spec(request("gpu", huge)))
-        cluster.run_pod(ns, claim_pod("fits", template="big"))
+        run_claim_pod(cluster, ns, claim_pod("fits", template="big"))
         cluster.create_pod(ns, claim_pod("too-big", template="huge"))
         wait_unschedulable(cluster, ns, "too-big")
 
@@ -127,8 +129,8 @@ def test_a_claim_shared_by_two_pods_is_prepared_once(
     wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
     with device_class(cluster, IS_GPU) as cls:
         create_claim(cluster, ns, "shared", claim_spec(request("gpu", cls)))
-        cluster.run_pod(ns, claim_pod("a", claim="shared"))
-        cluster.run_pod(ns, claim_pod("b", claim="shared"))
+        run_claim_pod(cluster, ns, claim_pod("a", claim="shared"))
+        run_claim_pod(cluster, ns, claim_pod("b", claim="shared"))
         kubelet = cluster.kubelet
         assert kubelet is not None
         ids_a = _cdi_ids(kubelet.created(ns, "a", "main"))
@@ -150,7 +152,7 @@ def test_a_restarted_driver_unprepares_what_it_prepared(
     wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
     with device_class(cluster, IS_GPU) as cls:
         create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
-        cluster.run_pod(ns, claim_pod("p", template="one"))
+        run_claim_pod(cluster, ns, claim_pod("p", template="one"))
         assert len(drv.cdi_specs()) == 1
         drv.kill()  # a crash: no clean-up
         drv.start()
@@ -166,11 +168,11 @@ def test_kubelet_restart_registers_again(
     wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
     with device_class(cluster, IS_GPU) as cls:
         create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
-        cluster.run_pod(ns, claim_pod("before", template="one"))
+        run_claim_pod(cluster, ns, claim_pod("before", template="one"))
         registered = log_count(drv.log, "registered with the kubelet as DRA driver")
         cluster.restart_kubelet()
         drv.wait_registered(registered + 1)
-        cluster.run_pod(ns, claim_pod("after", template="one"))
+        run_claim_pod(cluster, ns, claim_pod("after", template="one"))
         got = allocated(pod_claim(cluster, ns, "after"))
         assert got != allocated(pod_claim(cluster, ns, "before"))
         wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "still 8 GPUs")
@@ -196,7 +198,7 @@ def test_a_lost_gpu_leaves_the_slices_and_is_not_allocated(
         wait_unschedulable(cluster, ns, "p")
         drv.send({"op": "recover", "uuid": lost})
         wait_slices(cluster, DRIVER, lambda n: "gpu-1" in n, "gpu-1 back", timeout=90)
-        cluster.wait_running(ns, "p", timeout=90)
+        cluster.wait_running(ns, "p", timeout=POD_TIMEOUT)
         assert allocated(pod_claim(cluster, ns, "p")) == ["gpu-1"]
 
 
@@ -229,7 +231,7 @@ def test_claims_written_for_nvidias_driver_select_the_same_gpus(
                 )
             ),
         )
-        cluster.run_pod(ns, claim_pod("p", template="nv"))
+        run_claim_pod(cluster, ns, claim_pod("p", template="nv"))
         assert allocated(pod_claim(cluster, ns, "p"))[0].startswith("gpu-")
 
 
@@ -314,7 +316,7 @@ def test_the_charts_rbac_is_enough(
         wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
         with device_class(cluster, IS_GPU) as cls:
             create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
-            cluster.run_pod(ns, claim_pod("p", template="one"))
+            run_claim_pod(cluster, ns, claim_pod("p", template="one"))
             delete_pod(cluster, ns, "p")
             drv.wait_specs(lambda specs: not specs, "the claim's CDI spec removed")
         assert "Forbidden" not in drv.log.read_text()
