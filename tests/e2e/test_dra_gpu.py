@@ -324,3 +324,41 @@ def test_the_charts_rbac_is_enough(
     finally:
         rbac.delete_cluster_role_binding(name)
         rbac.delete_cluster_role(name)
+
+
+def _docs_yaml() -> list[dict[str, Any]]:
+    """The YAML examples of docs/dra.md, "Running the two drivers", as documents."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
+    section = text[text.index("## Running the two drivers") :]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
+
+
+def test_the_docs_examples_run_as_written(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    from .dra import resource_api
+
+    docs = _docs_yaml()
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["DeviceClass", "ResourceClaimTemplate", "DeviceClass"]
+    gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    api = resource_api(cluster)
+    classes = [d for d in docs if d["kind"] == "DeviceClass"]
+    for cls in classes:
+        api.create_device_class(cls)
+    try:
+        [template] = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+        api.create_namespaced_resource_claim_template(ns, template)
+        pod = claim_pod("p", template=template["metadata"]["name"])
+        run_claim_pod(cluster, ns, pod)
+        got = sorted(allocated(pod_claim(cluster, ns, "p")))
+        # two GPUs of one NVLink clique of the dgx-8gpu machine (0-3 or 4-7)
+        assert len(got) == 2
+        assert len({int(g.removeprefix("gpu-")) // 4 for g in got}) == 1
+    finally:
+        for cls in classes:
+            api.delete_device_class(cls["metadata"]["name"])
