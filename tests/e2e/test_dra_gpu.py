@@ -362,3 +362,56 @@ def test_the_docs_examples_run_as_written(
     finally:
         for cls in classes:
             api.delete_device_class(cls["metadata"]["name"])
+
+
+def test_mig_devices_with_their_capability_nodes(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    drv = gpu_dra("mig-mixed", config="version: v1\nflags:\n  migStrategy: mixed\n")
+    names = wait_slices(cluster, DRIVER, lambda n: len(n) > 4, "the MIG devices")
+    assert "gpu-2" in names  # MIG-capable but disabled: whole
+    assert "gpu-0-mig-1g-18gb-9-0" in names
+    attrs = f'device.attributes["{DRIVER}"]'
+    with device_class(cluster, f'device.driver == "{DRIVER}" && {attrs}.type == "mig"') as cls:
+        create_template(
+            cluster,
+            ns,
+            "slice",
+            claim_spec(
+                request("mig", cls, 1, f'{attrs}.profile == "1g.18gb" && {attrs}.parentIndex == 0')
+            ),
+        )
+        run_claim_pod(cluster, ns, claim_pod("p", template="slice"))
+        [got] = allocated(pod_claim(cluster, ns, "p"))
+        assert got.startswith("gpu-0-mig-1g-18gb-")
+        [spec] = drv.cdi_specs().values()
+        [nodes] = _spec_nodes(spec).values()
+        assert nodes[0] == "/dev/nvidia0"
+        caps = [n for n in nodes if n.startswith("/dev/nvidia-caps/nvidia-cap")]
+        assert len(caps) == 2
+
+
+def test_an_xid_on_an_allocated_gpu_reaches_the_pod_status(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    drv = gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    with device_class(cluster, IS_GPU) as cls:
+        create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
+        run_claim_pod(cluster, ns, claim_pod("p", template="one"))
+        [name] = allocated(pod_claim(cluster, ns, "p"))
+        uuid = drv.uuids[int(name.removeprefix("gpu-"))]
+        drv.send({"op": "xid", "uuid": uuid, "xid": 79})
+        wait_slices(cluster, DRIVER, lambda n: name not in n, f"{name} out of the slices")
+
+        def unhealthy(p: Any) -> bool:
+            for status in p.status.container_statuses or []:
+                for res in status.allocated_resources_status or []:
+                    if any(r.health == "Unhealthy" for r in res.resources or []):
+                        return True
+            return False
+
+        pod = cluster.wait_pod(ns, "p", unhealthy, 60, "allocatedResourcesStatus Unhealthy")
+        [res] = pod.status.container_statuses[0].allocated_resources_status
+        assert res.name.startswith("claim:")
+        assert [r.health for r in res.resources] == ["Unhealthy"]
