@@ -215,10 +215,15 @@ def dra_command(
         wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
     )
     options = driver_options(driver_name, node_name, kubelet_dir, cdi_dir, kubeconfig, no_health)
-    try:
-        run_driver(driver, options, cleanup=cleanup)
-    except NvmlError as exc:
-        _fail(_nvml_line(exc))
+    if not cleanup:
+        try:
+            options.resolved(driver)  # a bad name or no node name: before NVML starts
+            driver.open()
+        except NvmlError as exc:
+            _fail(_nvml_line(exc))
+        except KubeDeviceError as exc:
+            _fail(str(exc))
+    run_driver(driver, options, cleanup=cleanup)
 
 
 @nvidia.command("info")

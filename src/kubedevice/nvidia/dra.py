@@ -75,6 +75,7 @@ class GpuDraDriver(Driver):
         self.health: HealthState | None = None
         self._wait_timeout_ms = wait_timeout_ms
         self._by_name: dict[str, GpuDevice] = {}
+        self._opened: list[GpuDevice] | None = None
         self._driver_files: list[str] = []
         self._changed = asyncio.Event()
         self._started = asyncio.Event()
@@ -91,6 +92,22 @@ class GpuDraDriver(Driver):
     async def wait_started(self) -> None:
         """Wait until NVML is up and the first device list was built."""
         await self._started.wait()
+
+    def open(self) -> None:
+        """Start NVML and build the device list now (blocking), so that a node without a
+        driver, or a config that does not fit the GPUs, fails before anything is served.
+
+        :meth:`devices` does it itself when this was not called.
+
+        Raises:
+            NvmlError: NVML cannot start and ``failOnInitError`` is set.
+            ConfigError: The config does not fit the GPUs (``migStrategy: single``).
+        """
+        try:
+            self._opened = self._start()
+        except BaseException:
+            self.backend.shutdown()
+            raise
 
     def _start(self) -> list[GpuDevice]:
         """Start NVML and build the devices (blocking; in a thread)."""
@@ -115,11 +132,9 @@ class GpuDraDriver(Driver):
 
     async def devices(self) -> AsyncIterator[Sequence[Device]]:
         """Start NVML; yield the GPUs now and again after every health change."""
-        try:
-            built = await asyncio.to_thread(self._start)
-        except ConfigError:
-            await asyncio.to_thread(self.backend.shutdown)
-            raise
+        if self._opened is None:
+            await asyncio.to_thread(self.open)
+        built, self._opened = self._opened or [], None
         self._by_name = {gd.device.name: gd for gd in built}
         monitor: HealthMonitor | None = None
         if not self.config.health.disabled and self.hardware.gpus:
