@@ -415,3 +415,29 @@ def test_an_xid_on_an_allocated_gpu_reaches_the_pod_status(
         [res] = pod.status.container_statuses[0].allocated_resources_status
         assert res.name.startswith("claim:")
         assert [r.health for r in res.resources] == ["Unhealthy"]
+
+
+def test_cleanup_removes_the_slices_and_specs(
+    cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
+) -> None:
+    import subprocess
+
+    from .cluster import NODE
+    from .dra import KUBEDEVICE
+
+    drv = gpu_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    with device_class(cluster, IS_GPU) as cls:
+        create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
+        run_claim_pod(cluster, ns, claim_pod("p", template="one"))
+        assert len(drv.cdi_specs()) == 1
+        drv.stop()
+        proc = subprocess.run(
+            [KUBEDEVICE, "nvidia", "dra", "--cleanup", "--node-name", NODE,
+             "--cdi-dir", str(drv.cdi_dir), "--kubeconfig", str(cluster.admin_kubeconfig)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "removed 2 " in proc.stdout  # one slice, one spec
+        assert wait_slices(cluster, DRIVER, lambda n: not n, "no slices") == set()
+        assert drv.cdi_specs() == {}
