@@ -200,11 +200,7 @@ def _common(gpu: GpuInfo, driver: DriverInfo | None, sys_root: str) -> dict[str,
 
 
 def _edits(unit: GpuUnit) -> ContainerEdits:
-    nodes = [DeviceNode(path, host_path=path) for path in unit.device_nodes]
-    return ContainerEdits(
-        env={"NVIDIA_VISIBLE_DEVICES": unit.uuid},
-        device_nodes=nodes,
-    )
+    return ContainerEdits(device_nodes=[DeviceNode(p, host_path=p) for p in unit.device_nodes])
 
 
 def build_devices(
