@@ -128,3 +128,43 @@ def test_bad_options_are_one_line_and_exit_2(args: list[str], message: str) -> N
     assert message in output
     assert "Traceback" not in output
     assert len(output.strip().splitlines()) == 1, output
+
+
+async def test_cleanup_flag_removes_slices_and_specs_and_exits_0(
+    driver_process: subprocess.Popen, kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    await wait_for_path(kdir / "plugins_registry" / f"{DRIVER}-reg.sock", timeout=30)
+    api.wait_for_slices(DRIVER, node_name, devices=4)
+    driver_process.send_signal(signal.SIGTERM)
+    driver_process.communicate(timeout=30)
+    (kdir / "cdi").mkdir(exist_ok=True)
+    (kdir / "cdi" / f"k8s.{DRIVER}-claim_gone.json").write_text("{}")
+    args = ["--node-name", node_name, "--kubeconfig", str(kubeconfig), "--cdi-dir"]
+    proc = _start(*args, str(kdir / "cdi"), "--cleanup")
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "removed 2 ResourceSlices and CDI specs" in output
+    assert api.slices(DRIVER, node_name) == []
+    assert list((kdir / "cdi").iterdir()) == []
+
+
+def test_flags_become_options() -> None:
+    import kubedevice.dra as dra
+
+    args = dra.argument_parser().parse_args(
+        [
+            "--driver-name",
+            "x.example.com",
+            "--node-name",
+            "n1",
+            "--kubelet-dir",
+            "/k",
+            "--no-health",
+        ]
+    )
+    assert dra.options_from_args(args) == dra.DriverOptions(
+        driver_name="x.example.com",
+        node_name="n1",
+        kubelet_dir=Path("/k"),
+        health=False,
+    )

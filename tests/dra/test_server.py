@@ -164,6 +164,8 @@ async def test_one_claims_error_leaves_the_others_prepared(
                 (namespace, good["metadata"]["name"], "not-the-uid"),
                 (namespace, "no-such-claim", "uid-x"),
                 ("", "x", "uid-empty-ns"),
+                (namespace, "../../../api/v1/nodes", "uid-path"),
+                (namespace, "c", "../../etc/passwd"),
             ],
         )
         errors = {uid: entry.error for uid, entry in answer.claims.items()}
@@ -175,6 +177,10 @@ async def test_one_claims_error_leaves_the_others_prepared(
         assert "not not-the-uid" in errors["not-the-uid"]
         assert "does not exist" in errors["uid-x"]
         assert errors["uid-empty-ns"] == "claim namespace is empty"
+        assert errors["uid-path"] == (
+            "claim name '../../../api/v1/nodes' is not a ResourceClaim name"
+        )
+        assert errors["../../etc/passwd"] == "claim uid '../../etc/passwd' is not a UID"
         # still serving
         info = await clients.get_info(kdir / "plugins_registry" / f"{DRIVER}-reg.sock")
         assert info.name == DRIVER

@@ -2,7 +2,8 @@
 
 The kubelet registers the driver through its plugin watcher, the scheduler allocates from
 the driver's ResourceSlices with a CEL selector, the kubelet calls NodePrepareResources and
-hands the runtime the claim's CDI device; deleting the pod unprepares the claim.
+hands the runtime the claim's CDI device; a kubelet restart registers the driver again; a
+driver restarted with the claim prepared unprepares it from its checkpoint when the pod goes.
 """
 
 from __future__ import annotations
@@ -23,37 +24,52 @@ REPO = Path(__file__).resolve().parents[2]
 DRIVER = "counter.example.com"
 
 
+class ExampleDriver:
+    """examples/dra_minimal.py as a process on the cluster's kubelet (restartable)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        assert cluster.kubelet is not None
+        self.cluster = cluster
+        work = cluster.workdir / f"dra-{uuid.uuid4().hex[:6]}"
+        self.cdi = work / "cdi"
+        self.cdi.mkdir(parents=True)
+        self.log = work / "driver.log"
+        self.argv = [
+            sys.executable,
+            str(REPO / "examples" / "dra_minimal.py"),
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(cluster.admin_kubeconfig),
+            "--kubelet-dir",
+            str(cluster.kubelet.root),
+            "--cdi-dir",
+            str(self.cdi),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        cluster.add_log("dra-minimal", self.log)
+
+    def start(self) -> None:
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.terminate()
+        return self.proc.wait(timeout=30)
+
+    def logged(self, text: str) -> int:
+        return self.log.read_text().count(text)
+
+
 @pytest.fixture
-def dra_driver(cluster: Cluster) -> Iterator[Path]:
-    """examples/dra_minimal.py as a process on the cluster's kubelet; yields its CDI dir."""
-    assert cluster.kubelet is not None
-    work = cluster.workdir / f"dra-{uuid.uuid4().hex[:6]}"
-    cdi = work / "cdi"
-    cdi.mkdir(parents=True)
-    log = work / "driver.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO / "examples" / "dra_minimal.py"),
-                "--node-name",
-                NODE,
-                "--kubeconfig",
-                str(cluster.admin_kubeconfig),
-                "--kubelet-dir",
-                str(cluster.kubelet.root),
-                "--cdi-dir",
-                str(cdi),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    cluster.add_log("dra-minimal", log)
+def dra_driver(cluster: Cluster) -> Iterator[ExampleDriver]:
+    driver = ExampleDriver(cluster)
+    driver.start()
     try:
-        yield cdi
+        yield driver
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0, log.read_text()
+        assert driver.stop() == 0, driver.log.read_text()
 
 
 def _resource(cluster: Cluster) -> client.CustomObjectsApi:
@@ -61,7 +77,7 @@ def _resource(cluster: Cluster) -> client.CustomObjectsApi:
 
 
 def test_pod_with_a_claim_gets_the_cdi_device_and_unprepares(
-    cluster: Cluster, ns: str, dra_driver: Path
+    cluster: Cluster, ns: str, dra_driver: ExampleDriver
 ) -> None:
     slices = client.ResourceV1Api(cluster.api)
     wait_for(
@@ -145,13 +161,30 @@ def test_pod_with_a_claim_gets_the_cdi_device_and_unprepares(
         assert cluster.kubelet is not None
         record = cluster.kubelet.created(ns, "dra-pod", "main")
         assert [d["name"] for d in record["cdiDevices"]] == [f"k8s.{DRIVER}/claim={uid}-{device}"]
-        spec_file = dra_driver / f"k8s.{DRIVER}-claim_{uid}.json"
+        spec_file = dra_driver.cdi / f"k8s.{DRIVER}-claim_{uid}.json"
         spec = json.loads(spec_file.read_text())
         assert spec["devices"][0]["containerEdits"]["env"] == [
             f"COUNTER={device[-1]}",
             "GREETING=from e2e",
         ]
 
+        # the kubelet restarts: it registers the driver again, the pod keeps its claim
+        registered = dra_driver.logged("registered with the kubelet")
+        cluster.restart_kubelet()
+        poll_until(
+            "the driver registered again",
+            lambda: dra_driver.logged("registered with the kubelet") > registered,
+            timeout=60,
+        )
+        # the driver restarts with the claim prepared: it unprepares it from its checkpoint
+        assert dra_driver.stop() == 0
+        dra_driver.start()
+        poll_until(
+            "the restarted driver registered",
+            lambda: dra_driver.logged("registered with the kubelet") > registered + 1,
+            timeout=60,
+        )
+        assert spec_file.exists()
         cluster.core.delete_namespaced_pod("dra-pod", ns, grace_period_seconds=0)
         poll_until("the claim's CDI spec removed", lambda: not spec_file.exists(), timeout=60)
     finally:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc
 
@@ -45,6 +46,12 @@ log = logging.getLogger(__name__)
 MAX_CLAIMS_PER_CALL = 1024
 
 _T = TypeVar("_T")
+
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN: Final = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_UID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 
 class ClaimService:
@@ -235,6 +242,13 @@ def _ref(raw: v1.Claim) -> ClaimRef:
     for field in ("namespace", "uid", "name"):
         if not getattr(raw, field):
             raise ClaimError(f"claim {field} is empty")
+    # They go into the API server's URL and the CDI file name: nothing else gets through.
+    if not _DNS_LABEL.match(raw.namespace):
+        raise ClaimError(f"claim namespace {raw.namespace[:80]!r} is not a namespace name")
+    if len(raw.name) > 253 or not _DNS_SUBDOMAIN.match(raw.name):
+        raise ClaimError(f"claim name {raw.name[:80]!r} is not a ResourceClaim name")
+    if len(raw.uid) > 128 or not _UID.match(raw.uid):
+        raise ClaimError(f"claim uid {raw.uid[:80]!r} is not a UID")
     return ClaimRef(namespace=raw.namespace, name=raw.name, uid=raw.uid)
 
 
