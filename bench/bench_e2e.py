@@ -14,7 +14,8 @@ emulator in this process, with ``kubedevice nvidia run --nvml fake:dgx-8gpu`` as
 
 The real kubelet publishes device changes in its Node status at its status update period: the
 harness sets ``nodeStatusUpdateFrequency: 1s`` (the kubelet's default is 10 s), so the XID and
-start figures are bounded below by that period's phase, not by the plugin.
+start figures are mostly the wait for the next update; each such change is made at a random
+phase of that period.
 
 Needs root and the binaries (``KUBEDEVICE_K8S_BIN`` or ``../shared/k8s``); without them it
 prints one line and exits 0. Runs itself in a private mount namespace (``unshare -m``) with a
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -58,6 +60,7 @@ from kubedevice.nvidia.nvml_fake import send_control
 GPU = "nvidia.com/gpu"
 CONFIG = "version: v1\nhealth:\n  quietPeriod: 3s\n"
 DP = "/var/lib/kubelet/device-plugins"
+PERIOD_S = 1.0  # the harness's kubelet nodeStatusUpdateFrequency
 
 
 class NodeTimeline:
@@ -112,6 +115,12 @@ class NodeTimeline:
         self.stopped = True
 
 
+def random_phase() -> None:
+    """Sleep 0-1 s at random: the previous step ended on a Node status update, and the next
+    change must not always start just after one (the kubelet publishes once a period)."""
+    time.sleep(random.uniform(0, PERIOD_S))
+
+
 def ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
 
@@ -135,6 +144,7 @@ def real_kubelet(bin_dir: Path, runs: int) -> dict[str, Any]:
         start: list[float] = []
         for _ in range(runs):
             plugin = GpuDaemon(cluster, CONFIG)
+            random_phase()
             t0 = time.monotonic()
             plugin.start()
             start.append(ms(timeline.first(t0, 8) - t0))
@@ -171,6 +181,7 @@ def real_kubelet(bin_dir: Path, runs: int) -> dict[str, Any]:
         xid: list[float] = []
         for i in range(runs):
             uuid = plugin.uuids[i % 8]
+            random_phase()
             t0 = time.monotonic()
             plugin.xid(uuid, 62)
             try:

@@ -14,6 +14,7 @@ awaited with watches (``wait_for``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -138,6 +139,7 @@ class Process:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=self.env,
+                preexec_fn=_die_with_parent,
             )
 
     @property
@@ -177,6 +179,12 @@ class Process:
         self.stop(signal.SIGKILL)
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies (even by SIGKILL), so nothing leaks."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def tail(path: Path, lines: int = 60) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -193,7 +201,7 @@ def _poll(what: str, check: Callable[[], bool], timeout: float, procs: Sequence[
         for p in procs:
             p.check_alive()
         if time.monotonic() > deadline:
-            raise ClusterError(f"{what} not ready after {timeout:.0f} s")
+            raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
 
@@ -325,6 +333,16 @@ class Kubelet:
     @property
     def checkpoint(self) -> Path:
         return DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
+
+    @property
+    def plugins_registry(self) -> Path:
+        """Where DRA drivers (and other kubelet plugins) put their registration sockets."""
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        """The kubelet's plugins directory (a DRA driver's own socket goes under it)."""
+        return self.root / "plugins"
 
     def start_runtime(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -464,6 +482,11 @@ class Cluster:
     @property
     def node_kubeconfig(self) -> Path:
         return self.workdir / "kubelet.kubeconfig"
+
+    @property
+    def other_node_kubeconfig(self) -> Path:
+        """User ``system:node:other-node`` (group system:nodes): a node without a kubelet."""
+        return self.workdir / "other-node.kubeconfig"
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -729,6 +752,40 @@ class Cluster:
         """Create the pod and wait until it is Running; return the Running pod."""
         self.create_pod(namespace, manifest)
         return self.wait_running(namespace, manifest["metadata"]["name"], timeout)
+
+    def delete_pods(self, namespace: str, timeout: float = 60) -> None:
+        """Delete every pod of ``namespace`` and wait until they are gone.
+
+        Graceful (not forced), so each is gone only once the kubelet has stopped it and
+        released its devices: the next test's pods find them free.
+        """
+        self.core.delete_collection_namespaced_pod(namespace)
+        deadline = time.monotonic() + timeout
+        while True:
+            listing = self.core.list_namespaced_pod(namespace)
+            left = {p.metadata.name for p in listing.items}
+            if not left:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ClusterError(f"pods of {namespace} not gone after {timeout:.0f} s: {left}")
+            w = watch.Watch()
+            try:
+                for ev in w.stream(
+                    self.core.list_namespaced_pod,
+                    namespace,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=max(1, int(remaining)),
+                ):
+                    if ev["type"] == "DELETED":
+                        left.discard(ev["object"].metadata.name)
+                        if not left:
+                            return
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+            finally:
+                w.stop()
 
     def events(self, namespace: str, involved: str) -> list[Any]:
         items = self.core.list_namespaced_event(

@@ -102,12 +102,12 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace for this test; its pods are force-deleted afterwards."""
+    """A fresh namespace for this test; its pods are deleted (and gone) afterwards."""
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:5]}"
     with namespace(cluster, name):
         yield name
-        cluster.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        cluster.delete_pods(name)
 
 
 @pytest.fixture
