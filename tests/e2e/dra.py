@@ -400,6 +400,25 @@ def delete_pod(cluster: Cluster, ns: str, name: str) -> None:
     raise ClusterError(f"pod {ns}/{name} was not deleted in 60 s")
 
 
+def release(cluster: Cluster, ns: str, drivers: list[DraDriver]) -> None:
+    """Delete the namespace's pods while their drivers still run, and wait until every claim
+    is unprepared (the drivers' CDI specs are gone); only then may the drivers stop.
+
+    A driver stopped first leaves the kubelet unable to unprepare ("driver not registered"):
+    it keeps retrying those pods, and a later test's kubelet restart meets them.
+    """
+    pods = cluster.core.list_namespaced_pod(ns).items
+    if pods:
+        for drv in drivers:
+            if not drv.process.alive():  # a test stopped it: the kubelet needs it back
+                drv.start()
+    for pod in pods:
+        with contextlib.suppress(client.ApiException):
+            delete_pod(cluster, ns, pod.metadata.name)
+    for drv in drivers:
+        drv.wait_specs(lambda specs: not specs, f"{drv.name}: every claim unprepared")
+
+
 def wait_unschedulable(cluster: Cluster, ns: str, name: str, timeout: float = 30) -> Any:
     def unschedulable(p: Any) -> bool:
         return any(

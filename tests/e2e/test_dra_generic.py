@@ -18,11 +18,15 @@ from .dra import (
     delete_pod,
     device_class,
     pod_claim,
+    release,
     request,
     run_claim_pod,
     slice_devices,
     wait_slices,
 )
+
+# a DRA pod may wait for the kubelet's 1-minute pod resync (see dra.POD_TIMEOUT)
+pytestmark = pytest.mark.timeout(360)
 
 DRIVER = "dev.kubedevice.io"
 CONFIG = """\
@@ -42,7 +46,7 @@ IS_E2E = (
 
 
 @pytest.fixture
-def dev_dra(cluster: Cluster) -> Iterator[Callable[..., GenericDra]]:
+def dev_dra(cluster: Cluster, ns: str) -> Iterator[Callable[..., GenericDra]]:
     made: list[GenericDra] = []
 
     def make(*nodes: str, start: bool = True) -> GenericDra:
@@ -55,6 +59,7 @@ def dev_dra(cluster: Cluster) -> Iterator[Callable[..., GenericDra]]:
         return d
 
     yield make
+    release(cluster, ns, list(made))
     for d in made:
         d.close()
 

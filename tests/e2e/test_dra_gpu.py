@@ -28,18 +28,22 @@ from .dra import (
     device_class,
     log_count,
     pod_claim,
+    release,
     request,
     run_claim_pod,
     wait_slices,
     wait_unschedulable,
 )
 
+# a DRA pod may wait for the kubelet's 1-minute pod resync (see dra.POD_TIMEOUT)
+pytestmark = pytest.mark.timeout(360)
+
 DRIVER = "gpu.kubedevice.io"
 IS_GPU = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
 
 
 @pytest.fixture
-def gpu_dra(cluster: Cluster) -> Iterator[Callable[..., GpuDra]]:
+def gpu_dra(cluster: Cluster, ns: str) -> Iterator[Callable[..., GpuDra]]:
     """``gpu_dra(machine="dgx-8gpu", driver=..., config=...)`` -> a started GPU DRA driver."""
     made: list[GpuDra] = []
 
@@ -50,10 +54,9 @@ def gpu_dra(cluster: Cluster) -> Iterator[Callable[..., GpuDra]]:
         return d
 
     yield make
+    release(cluster, ns, list(made))
     for d in made:
-        d.close()
-        # its slices go with it only on --cleanup; the next test's driver replaces them
-        # (same pool), so wait for nothing here
+        d.close()  # its slices stay; the next test's driver replaces them (same pool)
 
 
 def _cdi_ids(record: dict[str, Any]) -> list[str]:
@@ -168,13 +171,13 @@ def test_kubelet_restart_registers_again(
     wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
     with device_class(cluster, IS_GPU) as cls:
         create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
-        run_claim_pod(cluster, ns, claim_pod("before", template="one"))
+        run_claim_pod(cluster, ns, claim_pod("dra-before", template="one"))
         registered = log_count(drv.log, "registered with the kubelet as DRA driver")
         cluster.restart_kubelet()
         drv.wait_registered(registered + 1)
-        run_claim_pod(cluster, ns, claim_pod("after", template="one"))
-        got = allocated(pod_claim(cluster, ns, "after"))
-        assert got != allocated(pod_claim(cluster, ns, "before"))
+        run_claim_pod(cluster, ns, claim_pod("dra-after", template="one"))
+        got = allocated(pod_claim(cluster, ns, "dra-after"))
+        assert got != allocated(pod_claim(cluster, ns, "dra-before"))
         wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "still 8 GPUs")
 
 
