@@ -1,7 +1,8 @@
 """The DRA driver kit: NodePrepareResources latency over the socket, and publishing slices.
 
 Needs a real kube-apiserver: ``--kubeconfig FILE``, else one is started for the run with
-``/work/shared/k8s/up.sh`` (etcd and the API server only, on free ports) and stopped after.
+``shared/k8s/up.sh`` beside the checkout (etcd and the API server only, on free ports) and
+stopped after.
 
 * ``prepare``: ``examples/dra_minimal.py`` as a process; a synchronous grpcio client calls
   NodePrepareResources (v1) with 1 and with 8 claims per call, every claim new (allocated
@@ -43,7 +44,18 @@ from kubedevice._api.pluginregistration.v1 import api_pb2 as reg, api_pb2_grpc a
 from kubedevice.dra.kube import KubeClient
 from kubedevice.dra.server import DriverServer
 
-K8S = Path(os.environ.get("KUBEDEVICE_K8S_DIR", "/work/shared/k8s"))
+# ../shared/k8s beside the checkout (or beside a worktree's parent), or $KUBEDEVICE_K8S_DIR
+K8S = Path(
+    os.environ.get("KUBEDEVICE_K8S_DIR")
+    or next(
+        (
+            str(d)
+            for d in (ROOT.parent / "shared/k8s", ROOT.parent.parent / "shared/k8s")
+            if d.is_dir()
+        ),
+        "/work/shared/k8s",
+    )
+)
 EXAMPLE_DRIVER = "counter.example.com"
 
 

@@ -1,8 +1,10 @@
 """DRA kit fixtures: a real kube-apiserver (etcd + apiserver only), a Node, short dirs.
 
-The control plane comes from /work/shared/k8s/up.sh on free ports of its own, once per
-session (``$KUBEDEVICE_TEST_KUBECONFIG`` reuses a running one instead). Without the
-Kubernetes binaries the tests that need the API server are skipped with the reason.
+The binaries are found as the end-to-end tier finds them (``$KUBEDEVICE_K8S_BIN``, else
+``../shared/k8s/unpack.sh`` beside the checkout; tests/e2e/README.md), and etcd and the API
+server start once per session on free ports (``$KUBEDEVICE_TEST_KUBECONFIG`` reuses a
+running one instead). Without the binaries these tests are skipped with the reason (with
+``CI`` set they fail).
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
+import ssl
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -19,16 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.cluster import (
+    HOW_TO_GET,
+    Process,
+    _http_ok,
+    _poll,
+    find_binaries,
+    free_port,
+    make_pki,
+    write_kubeconfig,
+)
 
 from dra.api import Api, ApiError
 
-K8S = Path(os.environ.get("KUBEDEVICE_K8S_DIR", "/work/shared/k8s"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -38,32 +43,62 @@ def kubeconfig() -> Iterator[Path]:
     if given:
         yield Path(given)
         return
-    if not (K8S / "up.sh").exists():
-        pytest.skip(f"no Kubernetes binaries ({K8S}/up.sh)")
-    state = Path(tempfile.mkdtemp(prefix="kd-dra-api-"))
-    env = {
-        **os.environ,
-        "WITH_SCHED": "0",
-        "WITH_KCM": "0",
-        "LOG_V": "0",
-        "API_PORT": str(_free_port()),
-        "ETCD_PORT": str(_free_port()),
-        "ETCD_PEER_PORT": str(_free_port()),
-        "SCHED_PORT": str(_free_port()),
-        "KCM_PORT": str(_free_port()),
-    }
+    bin_dir = find_binaries(REPO)
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set: {HOW_TO_GET}", pytrace=False)
+        pytest.skip(HOW_TO_GET)
+    work = Path(tempfile.mkdtemp(prefix="kd-dra-api-"))
+    procs: list[Process] = []
     try:
-        up = subprocess.run(
-            [str(K8S / "up.sh"), str(state)], env=env, capture_output=True, text=True, timeout=240
+        pki = work / "pki"
+        token = make_pki(pki, {"admin": "system:masters"})["admin"]
+        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+        server = f"https://127.0.0.1:{api_port}"
+        etcd = Process(
+            "etcd",
+            [
+                str(bin_dir / "etcd"), "--name", "kd", "--data-dir", str(work / "etcd"),
+                "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+                "--initial-cluster", f"kd=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync=true", "--log-level", "warn",
+            ],
+            work / "etcd.log",
+        )  # fmt: skip
+        procs.append(etcd)
+        etcd.start()
+        api = Process(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                "--advertise-address=127.0.0.1", "--bind-address=127.0.0.1",
+                f"--secure-port={api_port}", f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--endpoint-reconciler-type=none", "--profiling=false", "--v=0",
+            ],
+            work / "kube-apiserver.log",
+        )  # fmt: skip
+        procs.append(api)
+        api.start()
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        _poll(
+            "kube-apiserver /readyz", lambda: _http_ok(f"{server}/readyz", ctx, token), 120, procs
         )
-        if up.returncode != 0:
-            pytest.fail(f"up.sh failed: {up.stdout[-2000:]} {up.stderr[-2000:]}")
-        yield state / "kubeconfig"
+        yield write_kubeconfig(work / "admin.kubeconfig", server, pki / "ca.crt", "admin", token)
     finally:
-        subprocess.run(
-            [str(K8S / "down.sh"), str(state), "--wipe"], capture_output=True, timeout=120
-        )
-        shutil.rmtree(state, ignore_errors=True)
+        for proc in reversed(procs):
+            proc.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -34,13 +34,13 @@ def test_docs_embed_the_example_verbatim() -> None:
     assert code in doc
 
 
-def _start(*args: str) -> subprocess.Popen[str]:
+def _start(*args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(EXAMPLE), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "NODE_NAME": ""},
+        env={**os.environ, "NODE_NAME": "", **env},
     )
 
 
@@ -168,3 +168,15 @@ def test_flags_become_options() -> None:
         kubelet_dir=Path("/k"),
         health=False,
     )
+
+
+def test_log_format_from_the_environment_as_the_sdk_has_it() -> None:
+    proc = _start("--node-name", "Bad_Node", KUBEDEVICE_LOG_FORMAT="json")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2, output
+    line = json.loads(output.strip())
+    assert line["msg"] == "node name 'Bad_Node' is not a DNS subdomain"
+    proc = _start("--node-name", "n", KUBEDEVICE_LOG_FORMAT="yaml")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2, output
+    assert output.strip() == "error: KUBEDEVICE_LOG_FORMAT='yaml' is not one of text, json"

@@ -35,3 +35,18 @@ async def test_health_stream_sends_the_list_then_every_change(
             "gpu-2": hpb.HealthStatus.HEALTHY,
         }
         await stream.aclose()
+
+
+async def test_unchanged_list_is_sent_again_before_the_kubelet_times_it_out(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    from kubedevice.dra.health import RESEND_S
+
+    assert RESEND_S * 2 < 30  # the kubelet's DefaultHealthTimeout
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name, publish=False) as srv:
+        srv.health.resend_s = 0.05
+        stream = clients.health_stream(kdir / "plugins" / DRIVER / "dra.sock")
+        first = await clients.next_message(stream)
+        again = await clients.next_message(stream)  # no change in between
+        assert again == first
+        await stream.aclose()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from dra import clients
 from dra.api import Api
 from dra.conftest import create_claim, result
 from dra.fakes import DRIVER, FakeDriver, gpus, server, wait_for_path
+from kubedevice.errors import KubeDeviceError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -261,3 +264,114 @@ async def test_corrupt_checkpoint_is_moved_aside_with_a_warning(
     aside = [p.name for p in plugin_dir.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
     assert len(aside) == 1
     assert "is unusable" in caplog.text
+
+
+class _Silent(dra.Driver):
+    driver_name = DRIVER
+
+    async def devices(self):  # type: ignore[no-untyped-def]
+        await asyncio.Event().wait()  # never a first device list
+        yield []
+
+
+class _Broken(dra.Driver):
+    driver_name = DRIVER
+
+    async def devices(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no devices today")
+        yield []
+
+
+def _options(kdir: Path, kubeconfig: Path, node: str) -> dra.DriverOptions:
+    return dra.DriverOptions(
+        node_name=node, kubelet_dir=kdir, cdi_dir=kdir / "cdi", kubeconfig=kubeconfig
+    )
+
+
+async def test_stop_while_waiting_for_the_first_device_list(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    stop = asyncio.Event()
+    serving = asyncio.ensure_future(
+        dra.serve(_Silent(), _options(kdir, kubeconfig, node_name), stop=stop)
+    )
+    await asyncio.sleep(0)
+    stop.set()
+    await asyncio.wait_for(serving, 10)
+    assert not (kdir / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+
+
+async def test_a_device_list_that_fails_at_once_fails_serve(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    with pytest.raises(KubeDeviceError) as err:
+        await asyncio.wait_for(dra.serve(_Broken(), _options(kdir, kubeconfig, node_name)), 10)
+    assert "no devices today" in str(err.value)
+    assert not (kdir / "plugins" / DRIVER / "dra.sock").exists()
+
+
+class _Gated(FakeDriver):
+    def __init__(self) -> None:
+        super().__init__(gpus(1))
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def prepare(self, claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().prepare(claim)
+
+
+async def test_concurrent_prepares_of_one_claim_prepare_it_once(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    claim = create_claim(
+        api, namespace, f"cc-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    driver = _Gated()
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        first = asyncio.ensure_future(clients.prepare(dra_sock, [ref]))
+        await asyncio.wait_for(driver.entered.wait(), 10)
+        second = asyncio.ensure_future(clients.prepare(dra_sock, [ref], version="v1beta1"))
+        assert srv.claims is not None
+        locks = srv.claims._locks
+
+        async def second_waits() -> None:  # the second call is in, queued behind the first
+            while locks[ref[2]][1][0] < 2:
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(second_waits(), 10)
+        driver.gate.set()
+        one, two = await asyncio.gather(first, second)
+        assert one.claims[ref[2]].error == ""
+        assert one.SerializeToString(deterministic=True) == two.SerializeToString(
+            deterministic=True
+        )
+        assert len(driver.prepared) == 1
+        assert locks == {}
+
+
+class _Liar(FakeDriver):
+    async def prepare(self, claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
+        self.prepared.append(claim)
+        stranger = dra.AllocatedDevice(request="gpu", pool="p", name="gpu-99", device=None)
+        return [dra.PreparedDevice(stranger)]
+
+
+async def test_hook_answering_a_device_not_allocated_fails_the_claim_and_is_undone(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    claim = create_claim(
+        api, namespace, f"liar-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    driver = _Liar(gpus(1))
+    async with server(driver, kdir, kubeconfig, node_name):
+        answer = await clients.prepare(kdir / "plugins" / DRIVER / "dra.sock", [ref])
+    assert answer.claims[ref[2]].error == (
+        "the prepare hook returned device gpu-99 (request gpu), which is not allocated to the claim"
+    )
+    assert [c.devices for c in driver.unprepared] == [(("gpu", node_name, "gpu-0"),)]
+    assert not list(kdir.glob("cdi/*.json"))

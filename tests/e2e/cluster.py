@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -316,6 +317,9 @@ class Kubelet:
     healthz_port: int = field(default_factory=free_port)
     process: Process | None = None
     cri: Process | None = None
+    #: KubeletConfiguration fields to set (top level, replacing the harness's), used from the
+    #: next ``start()``: e.g. ``{"topologyManagerPolicy": "single-numa-node"}``
+    extra_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cri_socket(self) -> Path:
@@ -389,6 +393,9 @@ class Kubelet:
             nodeStatusReportFrequency: 1s
             """)
         )
+        if self.extra_config:
+            merged = {**yaml.safe_load(config.read_text()), **self.extra_config}
+            config.write_text(yaml.safe_dump(merged))
         return config
 
     def start(self) -> None:
@@ -419,6 +426,29 @@ class Kubelet:
         self.stop()
         if self.cri is not None:
             self.cri.stop()
+
+    def log_since_start(self) -> str:
+        """The current kubelet process's log (the file holds every start's)."""
+        assert self.process is not None
+        text = self.process.log.read_text(errors="replace")
+        return text[text.rfind("==== start ") :]
+
+    def wait_plugin_devices(self, resource: str, healthy: int, timeout: float = 30) -> None:
+        """Wait until this kubelet process has ``healthy`` Healthy devices of ``resource`` from
+        its plugin (its device manager's log line), whatever the Node status says yet.
+
+        After a kubelet restart the Node status still shows the old kubelet's counts: this is
+        what a test needs before it creates a pod the new kubelet must admit.
+        """
+        want = f'"Processed device updates for resource" resourceName="{resource}"'
+        count = f"healthyCount={healthy}"
+
+        def seen() -> bool:
+            lines = self.log_since_start().splitlines()
+            last = [ln for ln in lines if want in ln]
+            return bool(last) and last[-1].rstrip().endswith(count)
+
+        poll_until(f"the kubelet to have {healthy} Healthy {resource}", seen, timeout)
 
     def records(self) -> list[dict[str, Any]]:
         """Every CreateContainer the runtime got, oldest first."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .cluster import HOW_TO_GET, Cluster, find_binaries, namespace, tail
+from .cluster import DEVICE_PLUGIN_DIR, HOW_TO_GET, Cluster, find_binaries, namespace, tail
 from .plugins import GenericDaemon, GpuDaemon
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +53,11 @@ def _why_not() -> str | None:
         _state["checked"] = True
         if os.geteuid() != 0:
             _state["why"] = "the end-to-end tier runs a real kubelet and needs root"
+        elif not os.environ.get("CI") and not os.path.ismount(DEVICE_PLUGIN_DIR):
+            _state["why"] = (
+                f"{DEVICE_PLUGIN_DIR} is this machine's own (not a private mount): run the tier "
+                "with `make e2e` (scripts/e2e), or set CI on a machine of its own"
+            )
         else:
             found = find_binaries(REPO)
             if found is None:

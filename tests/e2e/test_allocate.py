@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from .cluster import NODE, Cluster, envs, pod_manifest
+from .cluster import NODE, Cluster, envs, pod_manifest, poll_until
 from .conftest import GENERIC_CONFIG, GENERIC_RESOURCE, GPU
 
 CDI_CRI = "version: v1\nflags:\n  deviceListStrategy: cdi-cri\n"
@@ -87,7 +87,7 @@ def test_generic_pod_gets_nodes_envs_mounts_and_annotations(
     cluster.wait_resource(GENERIC_RESOURCE, allocatable=3)
     cluster.create_pod(ns, pod_manifest("two-devs", {GENERIC_RESOURCE: 2}))
     assert cluster.wait_scheduled(ns, "two-devs").spec.node_name == NODE
-    cluster.wait_running(ns, "two-devs")
+    pod = cluster.wait_running(ns, "two-devs")
 
     rec = cluster.kubelet.created(ns, "two-devs", "main")
     devices = _device_paths(rec)
@@ -101,3 +101,42 @@ def test_generic_pod_gets_nodes_envs_mounts_and_annotations(
     assert mounts["/etc/e2e-hostname"]["host_path"] == "/etc/hostname"
     assert mounts["/etc/e2e-hostname"].get("readonly") is True
     assert sorted(rec["annotations"]["example.com/e2e-ids"].split(",")) == ids
+    log = _kubelet_log(cluster)
+    assert any(
+        "Issuing a GetPreferredAllocation call" in line and pod.metadata.uid in line
+        for line in log.splitlines()
+    )
+    allocated = [
+        line
+        for line in log.splitlines()
+        if "Making allocation request for device plugin" in line and "/two-devs" in line
+    ]
+    assert len(allocated) == 1
+    assert all(f'"{i}"' in allocated[0] for i in ids)
+
+
+def test_gpu_metrics_name_the_pod_through_real_pod_resources(
+    cluster: Cluster, ns: str, gpu_plugin
+) -> None:
+    # the daemon reads the real kubelet's PodResources socket for its per-pod metric labels
+    plugin = gpu_plugin()
+    cluster.wait_resource(GPU, allocatable=8)
+    cluster.run_pod(ns, pod_manifest("metered", {GPU: 2}))
+    held = envs(cluster.kubelet.created(ns, "metered", "main"))["NVIDIA_VISIBLE_DEVICES"]
+
+    def labelled() -> bool:
+        return all(
+            plugin.metric(
+                "kubedevice_nvidia_gpu_healthy",
+                uuid=u,
+                namespace=ns,
+                pod="metered",
+                container="main",
+            )
+            == 1
+            for u in held.split(",")
+        )
+
+    poll_until("GPU metrics labelled with the pod", labelled)
+    free = next(u for u in plugin.uuids if u not in held)
+    assert plugin.metric("kubedevice_nvidia_gpu_healthy", uuid=free, pod="metered") == 0

@@ -168,6 +168,19 @@ def test_pod_with_a_claim_gets_the_cdi_device_and_unprepares(
             "GREETING=from e2e",
         ]
 
+        # the health stream reaches the pod's status (ResourceHealthStatus, on in v1.36)
+        def healthy(p: object) -> bool:
+            statuses = p.status.container_statuses or []  # type: ignore[attr-defined]
+            found = [
+                (r.resource_id, r.health)
+                for c in statuses
+                for s in c.allocated_resources_status or []
+                for r in s.resources or []
+            ]
+            return (f"k8s.{DRIVER}/claim={uid}-{device}", "Healthy") in found  # by CDI ID
+
+        cluster.wait_pod(ns, "dra-pod", healthy, 60, "with its device Healthy in its status")
+
         # the kubelet restarts: it registers the driver again, the pod keeps its claim
         registered = dra_driver.logged("registered with the kubelet")
         cluster.restart_kubelet()

@@ -40,6 +40,8 @@ def test_kubelet_restart(cluster: Cluster, ns: str, gpu_plugin, generic_plugin) 
                 p.metric("kubedevice_plugin_registrations_total", resource=r) >= 2
             ),
         )
+    cluster.kubelet.wait_plugin_devices(GPU, healthy=8)
+    cluster.kubelet.wait_plugin_devices(GENERIC_RESOURCE, healthy=3)
     cluster.wait_resource(GPU, capacity=8, allocatable=8)
     cluster.wait_resource(GENERIC_RESOURCE, capacity=3, allocatable=3)
     # the running pod is the same pod, still Running, and its container was not created again
@@ -80,3 +82,31 @@ def test_plugin_restart_gives_no_device_twice(cluster: Cluster, ns: str, gpu_plu
         what="Unschedulable",
     )
     assert pod.spec.node_name is None
+
+
+def _serving_metrics(daemon) -> bool:
+    try:
+        daemon.metrics()
+    except OSError:
+        return False
+    return True
+
+
+def test_plugins_started_while_the_kubelet_is_down_register_when_it_starts(
+    cluster: Cluster, gpu_plugin, generic_plugin
+) -> None:
+    # the kubelet's stale kubelet.sock refuses connections; when the kubelet starts it wipes
+    # the directory (our sockets too) and creates kubelet.sock afresh
+    cluster.kubelet.stop()
+    try:
+        gpu = gpu_plugin()
+        generic = generic_plugin(GENERIC_CONFIG, start=False)
+        generic.host.add_char_device("/dev/e2e0")
+        generic.start()
+        poll_until("both daemons up", lambda: _serving_metrics(gpu) and _serving_metrics(generic))
+    finally:
+        cluster.kubelet.start()
+    cluster.wait_node_ready()
+    cluster.wait_resource(GPU, capacity=8, allocatable=8)
+    cluster.wait_resource(GENERIC_RESOURCE, capacity=1, allocatable=1)
+    assert gpu.metric("kubedevice_plugin_registrations_total", resource=GPU) == 1

@@ -2,17 +2,19 @@
 
 Every ``NodeWatchResources`` stream gets the complete list of the driver's devices at once
 and again on every change of the device list (bursts coalesce: a slow stream only ever
-gets the newest list). The kubelet puts the health into the pods'
+gets the newest list), and every 10 s without a change (the kubelet counts a device's
+health as Unknown 30 s after its last report). The kubelet puts the health into the pods'
 ``allocatedResourcesStatus``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 from kubedevice._api.drahealth.v1alpha1 import api_pb2 as pb, api_pb2_grpc as pb_grpc
 from kubedevice.dra.types import Device, Health
@@ -28,11 +30,22 @@ _STATUS = {
 }
 
 
-class HealthService(pb_grpc.DRAResourceHealthServicer):
-    """Streams the devices' health of one pool to every watcher."""
+#: The kubelet counts a device's health as Unknown 30 s after its last report (its
+#: DefaultHealthTimeout), so the list is sent again this often even when nothing changed.
+RESEND_S: Final = 10.0
 
-    def __init__(self, pool: str) -> None:
+
+class HealthService(pb_grpc.DRAResourceHealthServicer):
+    """Streams the devices' health of one pool to every watcher.
+
+    Args:
+        pool: The pool's name (the node's).
+        resend_s: Send the current list again after this long without a change.
+    """
+
+    def __init__(self, pool: str, resend_s: float = RESEND_S) -> None:
         self.pool = pool
+        self.resend_s = resend_s
         self._message = pb.NodeWatchResourcesResponse()
         self._since: dict[str, tuple[Health, int]] = {}
         self._version = 0
@@ -75,8 +88,9 @@ class HealthService(pb_grpc.DRAResourceHealthServicer):
             seen = -1
             while True:
                 async with self._changed:
-                    while not self._closed and self._version == seen:
-                        await self._changed.wait()
+                    if not self._closed and self._version == seen:
+                        with contextlib.suppress(TimeoutError):  # no change: the same again
+                            await asyncio.wait_for(self._changed.wait(), self.resend_s)
                     if self._closed:
                         return
                     seen, message = self._version, self._message

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Final
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.settings import Settings
 from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.plugin.runner import ENV_LOG_FORMAT, ENV_LOG_LEVEL
 from kubedevice.signals import stop_on_signals
 
 __all__ = [
@@ -125,21 +127,33 @@ async def serve(
 
     resolved = (options or DriverOptions()).resolved(driver)
     stop = stop or asyncio.Event()
-    async with DriverServer(driver, resolved) as server:
+    server = DriverServer(driver, resolved)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        # a stop during start-up (a driver whose first device list never comes) ends it too
+        starting = asyncio.ensure_future(server.start())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("stopped while starting")
+            starting.cancel()
+            await asyncio.wait({starting})
+            return
+        starting.result()
         if ready is not None:
             ready.set()
-        stopped = asyncio.ensure_future(stop.wait())
         failed = asyncio.ensure_future(server.wait_failed())
         try:
             await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopped.cancel()
             failed.cancel()
-            log.info("stopping")
-        if failed.done() and not failed.cancelled() and failed.exception() is None:
+        log.info("stopping")
+        if failed.done() and not failed.cancelled():
             error = failed.result()
             if error is not None:
                 raise error
+    finally:
+        stopped.cancel()
+        await server.stop()
 
 
 def run(driver: Driver, options: DriverOptions | None = None) -> int:
@@ -191,7 +205,8 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         description=description or "Run a Kubernetes DRA driver (kubelet plugin).",
-        epilog=f"Environment: {ENV_NODE_NAME} gives the default of --node-name.",
+        epilog=f"Environment: {ENV_NODE_NAME}, {ENV_LOG_LEVEL} and {ENV_LOG_FORMAT} give the "
+        "defaults of --node-name, --log-level and --log-format.",
     )
     parser.add_argument("--driver-name", default=None, help="the driver's name (a DNS subdomain)")
     parser.add_argument(
@@ -225,8 +240,18 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="remove this driver's ResourceSlices on this node and its CDI specs, then exit",
     )
-    parser.add_argument("--log-level", default="info", choices=_LEVELS)
-    parser.add_argument("--log-format", default="text", choices=_FORMATS)
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get(ENV_LOG_LEVEL) or "info",
+        choices=_LEVELS,
+        help=f"minimum level of log lines (env {ENV_LOG_LEVEL}; default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get(ENV_LOG_FORMAT) or "text",
+        choices=_FORMATS,
+        help=f"log line format (env {ENV_LOG_FORMAT}; default text)",
+    )
     return parser
 
 
@@ -256,6 +281,14 @@ def main(
     if args is None:
         args = argument_parser().parse_args(argv)
     from kubedevice.log import configure_logging
+
+    for value, allowed, env in (
+        (args.log_level, _LEVELS, ENV_LOG_LEVEL),
+        (args.log_format, _FORMATS, ENV_LOG_FORMAT),
+    ):
+        if value not in allowed:  # a default from the environment is not checked by argparse
+            print(f"error: {env}={value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
+            return 2
 
     configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
     options = options_from_args(args)

@@ -13,10 +13,11 @@ re-encoded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import grpc
@@ -85,7 +86,7 @@ class ClaimService:
         self.checkpoint = checkpoint
         self.cdi = cdi
         self.devices = devices
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
         self._save_lock = asyncio.Lock()
         self._changes = 0  # checkpoint changes made
         self._saved = 0  # of which saved
@@ -148,7 +149,18 @@ class ClaimService:
     async def _prepare_new(self, ref: ClaimRef) -> PreparedClaim:
         claim = await self._read(ref)
         results = await _call_hook(self.driver.prepare, claim)
-        prepared = _check_prepared(claim, results)
+        try:
+            prepared = _check_prepared(claim, results)
+        except ClaimError:
+            await self._undo(  # the hook did its work: undo it for every allocated device
+                PreparedClaim(
+                    ref=ref,
+                    devices=tuple((d.request, d.pool, d.name) for d in claim.devices),
+                    cdi_ids=tuple(() for _ in claim.devices),
+                    share_ids=tuple(d.share_id for d in claim.devices),
+                )
+            )
+            raise
         specs: list[tuple[str, ContainerEdits]] = []
         cdi_ids: list[tuple[str, ...]] = []
         for item in prepared:
@@ -216,14 +228,20 @@ class ClaimService:
             except Exception as exc:
                 log.exception("cannot unprepare claim %s", raw.uid)
                 return f"unpreparing failed: {type(exc).__name__}: {exc}"
-        self._locks.pop(raw.uid, None)
         return ""
 
-    def _lock(self, uid: str) -> asyncio.Lock:
-        lock = self._locks.get(uid)
-        if lock is None:
-            lock = self._locks[uid] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def _lock(self, uid: str) -> AsyncIterator[None]:
+        """One prepare or unprepare at a time per claim; the lock goes with its last user."""
+        lock, users = self._locks.setdefault(uid, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[uid]
 
     async def _save(self) -> None:
         """Save the checkpoint with this change; one write serves every change made

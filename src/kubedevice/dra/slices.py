@@ -105,9 +105,14 @@ class SlicePublisher:
             self._dirty.clear()
             try:
                 await self.reconcile(self._devices)
-            except KubeApiError as exc:
+            except Exception as exc:  # never fatal: logged, retried with backoff
                 delay = self.backoff.next_delay()
-                log.warning("publishing ResourceSlices failed: %s; again in %.1fs", exc, delay)
+                log.warning(
+                    "publishing ResourceSlices failed: %s; again in %.1fs",
+                    exc,
+                    delay,
+                    exc_info=not isinstance(exc, KubeApiError),
+                )
                 self._dirty.set()
                 await asyncio.sleep(delay)
                 continue

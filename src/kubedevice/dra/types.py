@@ -199,6 +199,11 @@ class Device:
                     f"device {self.name}: attribute {key}: a string is at most "
                     f"{_MAX_STRING_ATTRIBUTE} characters"
                 )
+            is_int = isinstance(value, int) and not isinstance(value, bool)
+            if is_int and not -(2**63) <= value < 2**63:  # type: ignore[operator]
+                raise ConfigError(
+                    f"device {self.name}: attribute {key}: {value} is not a 64-bit integer"
+                )
             if not isinstance(value, str | int | bool | Version):
                 raise ConfigError(
                     f"device {self.name}: attribute {key}: {type(value).__name__} is not "
