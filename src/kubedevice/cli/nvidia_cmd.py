@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.dra_options import dra_options, driver_options, run_driver
 from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
 from kubedevice.signals import stop_on_signals
@@ -156,6 +157,76 @@ def run_command(
     except KubeDeviceError as exc:
         _fail(str(exc))
     end_process_after_stop(0)
+
+
+@nvidia.command("dra")
+@_CONFIG
+@_NVML
+@dra_options("gpu.kubedevice.io")
+@click.option("--dev-root", default=None, help="Where the host's /dev is (flags.devRoot).")
+@click.option("--sys-root", default=None, help="Where the host's /sys is (flags.sysRoot).")
+@click.option(
+    "--driver-root", default=None, help="Where the driver's files are (flags.nvidiaDriverRoot)."
+)
+@click.option(
+    "--host-driver-root",
+    default=None,
+    help="The driver root as a path on the host, for CDI specs (flags.hostDriverRoot).",
+)
+def dra_command(
+    config_path: Path | None,
+    nvml: str,
+    driver_name: str,
+    node_name: str | None,
+    kubelet_dir: Path,
+    cdi_dir: Path,
+    kubeconfig: Path | None,
+    no_health: bool,
+    cleanup: bool,
+    dev_root: str | None,
+    sys_root: str | None,
+    driver_root: str | None,
+    host_driver_root: str | None,
+) -> None:
+    """Run the GPU DRA driver: the GPUs as devices of ResourceSlices, prepared per claim.
+
+    Reads the same config file as ``nvidia run`` (migStrategy, health policies, roots).
+    SIGTERM or SIGINT stops cleanly with status 0.
+    """
+    from kubedevice.nvidia.backends import open_backend
+    from kubedevice.nvidia.config import load_config
+
+    try:
+        config = load_config(config_path).with_overrides(
+            dev_root=dev_root,
+            sys_root=sys_root,
+            nvidia_driver_root=driver_root,
+            host_driver_root=host_driver_root,
+            cdi_dir=str(cdi_dir),
+        )
+        backend = open_backend(nvml)
+        from kubedevice.nvidia.dra import GpuDraDriver
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    except ImportError as exc:
+        _fail(f"the DRA driver needs its extra: pip install 'kubedevice[nvidia,dra]' ({exc})")
+        return
+    driver = GpuDraDriver(
+        config,
+        backend,
+        wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
+    )
+    options = driver_options(driver_name, node_name, kubelet_dir, cdi_dir, kubeconfig, no_health)
+    if not cleanup:
+        try:
+            options.resolved(driver)  # a bad name or no node name: before NVML starts
+            driver.open()
+        except NvmlError as exc:
+            _fail(_nvml_line(exc))
+        except KubeDeviceError as exc:
+            _fail(str(exc))
+    run_driver(driver, options, cleanup=cleanup)
 
 
 @nvidia.command("info")

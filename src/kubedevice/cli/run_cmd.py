@@ -15,6 +15,7 @@ from typing import NoReturn
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.dra_options import dra_options, driver_options, run_driver
 from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.signals import stop_on_signals
@@ -62,20 +63,51 @@ _CONFIG = click.option(
 @click.option("--metrics-address", default=None, help="Serve Prometheus metrics on HOST:PORT.")
 @click.option("--dev-root", default=None, help="Where the host's /dev is (overrides devRoot).")
 @click.option("--sys-root", default=None, help="Where the host's /sys is (overrides sysRoot).")
+@click.option(
+    "--dra",
+    is_flag=True,
+    help="Run as a DRA driver instead: the devices published as ResourceSlices of the "
+    "driver --driver-name, prepared per ResourceClaim (Kubernetes 1.34+).",
+)
+@dra_options("dev.kubedevice.io")
 def run_command(
     config: Path,
     device_plugin_dir: str | None,
     metrics_address: str | None,
     dev_root: str | None,
     sys_root: str | None,
+    dra: bool,
+    driver_name: str,
+    node_name: str | None,
+    kubelet_dir: Path,
+    cdi_dir: Path,
+    kubeconfig: Path | None,
+    no_health: bool,
+    cleanup: bool,
 ) -> None:
     """Run the generic device plugin for every resource in a config file.
 
     Hot-plug is event-driven (inotify); SIGHUP or a change to the file reloads the config
     (an invalid new config is rejected and the old one keeps running); SIGTERM or SIGINT
-    stops cleanly with status 0.
+    stops cleanly with status 0. With --dra, the same devices are served as a DRA driver
+    (the --driver-name ... --cleanup options apply only then).
     """
     _need_generic(daemon=True)
+    if dra:
+        from kubedevice.generic import load_config
+
+        try:
+            cfg = load_config(config).with_roots(dev_root, sys_root)
+            from kubedevice.generic.dra import GenericDraDriver
+        except ConfigError as exc:
+            _fail(str(exc))
+        except ImportError as exc:
+            _fail(f"the DRA driver needs its extra: pip install 'kubedevice[generic,dra]' ({exc})")
+        options = driver_options(
+            driver_name, node_name, kubelet_dir, cdi_dir, kubeconfig, no_health
+        )
+        run_driver(GenericDraDriver(cfg), options, cleanup=cleanup)
+        return
     from kubedevice.generic import run_generic
 
     # run_generic reads the config and checks the metrics address before any socket.

@@ -35,6 +35,7 @@ __all__ = [
     "NvmlBackend",
     "P2PLevel",
     "ProcessSample",
+    "TimeSliceControl",
 ]
 
 #: NVML brand values (nvmlBrandType_t) -> the names :attr:`GpuInfo.brand` holds.
@@ -238,4 +239,21 @@ class NvmlBackend(Protocol):
 
     def interrupt(self) -> None:
         """Wake a thread blocked in :meth:`wait_event` (best effort for real NVML)."""
+        ...
+
+
+@runtime_checkable
+class TimeSliceControl(Protocol):
+    """A backend that can set a GPU's time-slice interval (optional; the fake can).
+
+    Levels are NVIDIA's: 0 default, 1 short, 2 medium, 3 long (``nvidia-smi
+    compute-policy --set-timeslice``).
+    """
+
+    def set_time_slice(self, uuid: str, level: int) -> None:
+        """Set the time-slice level of one GPU.
+
+        Raises:
+            NvmlError: the GPU does not answer or refuses.
+        """
         ...

@@ -113,6 +113,7 @@ class FakeNvml:
         self._t0 = 0.0
         self._lost: set[str] = set()
         self._overrides: dict[str, dict[str, Any]] = {}
+        self._time_slices: dict[str, int] = {}
         self._watched: set[str] = set()
         self._events: collections.deque[HealthEvent] = collections.deque()
         self._interrupted = False
@@ -296,6 +297,25 @@ class FakeNvml:
         with self._lock:
             self._overrides.setdefault(uuid, {}).update(values)
 
+    def set_time_slice(self, uuid: str, level: int) -> None:
+        """Set a GPU's time-slice level (0 default, 1 short, 2 medium, 3 long).
+
+        What ``nvidia-smi compute-policy --set-timeslice`` does on a real GPU.
+
+        Raises:
+            NvmlError: no such GPU, or the GPU is lost (``GpuIsLost``).
+        """
+        if level not in (0, 1, 2, 3):
+            raise NvmlError("InvalidArgument", f"time-slice level {level} is not 0-3", uuid)
+        self._gpu(uuid)
+        with self._lock:
+            self._time_slices[uuid] = level
+
+    def time_slice(self, uuid: str) -> int:
+        """A GPU's time-slice level (0 until set)."""
+        with self._lock:
+            return self._time_slices.get(uuid, 0)
+
     def apply_control(self, message: Mapping[str, Any]) -> None:
         """Act on one control message (the JSON of :func:`send_control`).
 
@@ -380,18 +400,34 @@ def _machine_of(machine: FakeMachine | FakeNvml) -> FakeMachine:
 
 
 def write_fake_sysfs(machine: FakeMachine | FakeNvml, root: Path) -> None:
-    """Create ``<root>/bus/pci/devices/<bus id>/{numa_node,vendor,class}`` for each GPU.
+    """Create each GPU's PCI device in a fake sysfs, shaped as the kernel lays it out.
+
+    The device lives at ``<root>/devices/pci<domain>:<NN>/<bus id>/`` (with ``numa_node``,
+    ``vendor`` and ``class``), one root complex per ``host_bridge`` name (numbered in order
+    of appearance; a GPU without one gets a root of its own), and
+    ``<root>/bus/pci/devices/<bus id>`` is a relative symlink to it, so readers of the
+    PCIe root (``resource.kubernetes.io/pcieRoot``) and of the NUMA node both work.
 
     Raises:
         ConfigError: A bus ID would leave ``root`` (``..``, an absolute path).
     """
-    for g in _machine_of(machine).gpus:
-        d = inside(root / "bus" / "pci" / "devices", g.info.pci_bus_id, "PCI bus ID")
+    roots: dict[str, int] = {}
+    for pos, g in enumerate(_machine_of(machine).gpus):
+        bus_id = g.info.pci_bus_id
+        link = inside(root / "bus" / "pci" / "devices", bus_id, "PCI bus ID")
+        key = g.host_bridge if g.host_bridge is not None else f"\0gpu{pos}"
+        number = roots.setdefault(key, len(roots))
+        domain = bus_id.split(":", 1)[0][-4:]
+        rel = Path("devices", f"pci{domain}:{number:02x}", bus_id)
+        d = root / rel
         d.mkdir(parents=True, exist_ok=True)
         numa = -1 if g.numa_node is None else g.numa_node
         (d / "numa_node").write_text(f"{numa}\n")
         (d / "vendor").write_text("0x10de\n")
         (d / "class").write_text("0x030200\n")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(Path("..", "..", "..", rel))
 
 
 def write_fake_dev(machine: FakeMachine | FakeNvml, root: Path) -> list[Path]:

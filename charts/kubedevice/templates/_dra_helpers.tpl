@@ -1,0 +1,108 @@
+{{/* Helpers of the DRA drivers' objects (dra-*.yaml). A DRA driver talks to the API server
+(claims, slices, its Node), so unlike the device plugins its pods mount a service-account
+token. (dict "root" $ "component" "nvidia"|"generic") throughout. */}}
+
+{{/* Name of a DRA driver's objects: <fullname>-dra-<component>. */}}
+{{- define "kubedevice.draName" -}}
+{{- printf "%s-dra-%s" (include "kubedevice.fullname" .root) .component -}}
+{{- end -}}
+
+{{/* Labels of a DRA driver's objects; the component label is dra-<component>. */}}
+{{- define "kubedevice.draCtx" -}}
+{{- dict "root" .root "component" (printf "dra-%s" .component) | toJson -}}
+{{- end -}}
+
+{{/* The pod spec fields of a DRA driver (scheduling from dra.<component>). */}}
+{{- define "kubedevice.draPodCommon" -}}
+{{- $v := .root.Values -}}
+{{- $c := index $v.dra .component -}}
+serviceAccountName: {{ include "kubedevice.draName" . }}
+automountServiceAccountToken: true
+enableServiceLinks: false
+{{- with $v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $v.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The env every DRA driver gets: its node's name from the downward API, and logging. */}}
+{{- define "kubedevice.draEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{ include "kubedevice.logEnv" .root }}
+{{- end -}}
+
+{{/* The kubelet's DRA plugin directories, the CDI dir and the host's /dev and /sys. */}}
+{{- define "kubedevice.draMounts" -}}
+- name: plugins-registry
+  mountPath: {{ .root.Values.dra.kubeletDir }}/plugins_registry
+- name: plugins
+  mountPath: {{ .root.Values.dra.kubeletDir }}/plugins
+- name: cdi
+  mountPath: /var/run/cdi
+- name: host-dev
+  mountPath: /host/dev
+  readOnly: true
+  mountPropagation: HostToContainer
+- name: host-sys
+  mountPath: /host/sys
+  readOnly: true
+{{- end -}}
+
+{{- define "kubedevice.draVolumes" -}}
+- name: plugins-registry
+  hostPath:
+    path: {{ .root.Values.dra.kubeletDir }}/plugins_registry
+    type: Directory
+- name: plugins
+  hostPath:
+    path: {{ .root.Values.dra.kubeletDir }}/plugins
+    type: DirectoryOrCreate
+- name: cdi
+  hostPath:
+    path: {{ .root.Values.dra.cdiDir }}
+    type: DirectoryOrCreate
+- name: host-dev
+  hostPath:
+    path: /dev
+    type: Directory
+- name: host-sys
+  hostPath:
+    path: /sys
+    type: Directory
+{{- end -}}
+
+{{/* The arguments every DRA driver takes. */}}
+{{- define "kubedevice.draArgs" -}}
+- --driver-name
+- {{ (index .root.Values.dra .component).driverName | quote }}
+- --kubelet-dir
+- {{ .root.Values.dra.kubeletDir | quote }}
+- --cdi-dir
+- /var/run/cdi
+- --dev-root
+- /host/dev
+- --sys-root
+- /host/sys
+{{- end -}}

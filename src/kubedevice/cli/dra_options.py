@@ -1,0 +1,134 @@
+"""The options every DRA driver command takes, and running a driver from the CLI.
+
+Used by ``kubedevice nvidia dra`` and ``kubedevice run --dra``. No logic: the options
+become :class:`~kubedevice.dra.DriverOptions` and :mod:`kubedevice.dra` does the work; a
+bad option or environment exits 2 with one line, a failed ``--cleanup`` exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import click
+
+from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.signals import stop_on_signals
+
+if TYPE_CHECKING:
+    from kubedevice.dra import Driver, DriverOptions
+
+__all__ = ["dra_options", "driver_options", "run_driver"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, status: int = 2) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    raise SystemExit(status) from None
+
+
+def dra_options(default_driver_name: str) -> Callable[[F], F]:
+    """Add the DRA driver options to a click command (``driver_name`` ... ``cleanup``)."""
+
+    def decorate(fn: F) -> F:
+        options = [
+            click.option(
+                "--driver-name",
+                default=default_driver_name,
+                show_default=True,
+                help="The DRA driver's name (a DNS subdomain): ResourceSlices, DeviceClass "
+                "selectors and CEL attribute domains use it.",
+            ),
+            click.option(
+                "--node-name",
+                envvar="NODE_NAME",
+                show_envvar=True,
+                default=None,
+                help="This node's name (also the pool's); set NODE_NAME from the downward API.",
+            ),
+            click.option(
+                "--kubelet-dir",
+                default="/var/lib/kubelet",
+                show_default=True,
+                type=click.Path(file_okay=False, path_type=Path),
+                help="The kubelet's --root-dir (its plugins_registry/ and plugins/).",
+            ),
+            click.option(
+                "--cdi-dir",
+                default="/var/run/cdi",
+                show_default=True,
+                type=click.Path(file_okay=False, path_type=Path),
+                help="Where the claims' CDI specs are written.",
+            ),
+            click.option(
+                "--kubeconfig",
+                default=None,
+                type=click.Path(dir_okay=False, path_type=Path),
+                help="A kubeconfig file [default: the in-cluster service account].",
+            ),
+            click.option(
+                "--no-health", is_flag=True, help="Do not serve the kubelet's health stream."
+            ),
+            click.option(
+                "--cleanup",
+                is_flag=True,
+                help="Remove this driver's ResourceSlices on this node and its CDI specs, "
+                "then exit (on uninstall).",
+            ),
+        ]
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def driver_options(
+    driver_name: str,
+    node_name: str | None,
+    kubelet_dir: Path,
+    cdi_dir: Path,
+    kubeconfig: Path | None,
+    no_health: bool,
+) -> DriverOptions:
+    """The :class:`~kubedevice.dra.DriverOptions` of the parsed options."""
+    from kubedevice.dra import DriverOptions
+
+    return DriverOptions(
+        driver_name=driver_name,
+        node_name=node_name,
+        kubelet_dir=kubelet_dir.absolute(),
+        cdi_dir=cdi_dir.absolute(),
+        kubeconfig=kubeconfig,
+        health=not no_health,
+    )
+
+
+def run_driver(driver: Driver, options: DriverOptions, *, cleanup: bool) -> None:
+    """Serve ``driver`` until SIGTERM/SIGINT (status 0), or with ``cleanup`` remove its
+    slices and CDI specs and exit.
+    """
+    from kubedevice import dra
+
+    if cleanup:
+        try:
+            removed = asyncio.run(dra.cleanup(driver, options))
+        except ConfigError as exc:
+            _fail(str(exc))
+        except KubeDeviceError as exc:
+            _fail(f"cleanup: {exc}", 1)
+        click.echo(f"removed {removed} ResourceSlice(s) and CDI spec(s)")
+        return
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            await dra.serve(driver, options, stop=stop)
+
+    try:
+        asyncio.run(_main())
+    except KubeDeviceError as exc:
+        _fail(str(exc))

@@ -1,0 +1,275 @@
+"""The GPU DRA driver (``kubedevice nvidia dra``): the NVML backend's GPUs on the DRA kit.
+
+:class:`GpuDraDriver` starts NVML, publishes every GPU (or MIG device, by ``migStrategy``)
+with NVIDIA's attribute names (:mod:`kubedevice.nvidia.dra_devices`), runs the same XID
+health policies as the device plugin (:class:`~kubedevice.nvidia.health.HealthMonitor`):
+an Unhealthy or lost GPU leaves the ResourceSlices (no new allocation) and is reported on
+the kubelet's health stream, and comes back when the policy says it has recovered.
+
+Prepare: each allocated device's opaque ``GpuConfig`` / ``MigDeviceConfig``
+(:mod:`kubedevice.nvidia.dra_config`) is validated first, for every device of the claim,
+then applied (the time-slice interval, through the backend); the claim's CDI spec gets
+each device's own nodes (``/dev/nvidia<minor>``, MIG capability nodes), and once per
+claim the control nodes and the driver's files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+from collections.abc import AsyncIterator, Sequence
+from pathlib import PurePosixPath
+from typing import ClassVar, Final
+
+from kubedevice.dra import (
+    ClaimError,
+    ContainerEdits,
+    Device,
+    DeviceNode,
+    Driver,
+    Health,
+    Mount,
+    PreparedDevice,
+)
+from kubedevice.dra.types import Claim, PreparedClaim
+from kubedevice.errors import ConfigError, NvmlError
+from kubedevice.nvidia.backend import NvmlBackend, TimeSliceControl
+from kubedevice.nvidia.cdi import find_driver_files
+from kubedevice.nvidia.config import Config
+from kubedevice.nvidia.devices import CONTROL_NODES, read_numa_node
+from kubedevice.nvidia.dra_config import TIME_SLICE_LEVELS, effective_config
+from kubedevice.nvidia.dra_devices import GpuDevice, build_devices
+from kubedevice.nvidia.health import HealthMonitor, HealthState
+from kubedevice.nvidia.runner import Hardware, enumerate_hardware
+from kubedevice.nvidia.topology import build_topology
+
+__all__ = ["DEFAULT_DRIVER_NAME", "GpuDraDriver"]
+
+log = logging.getLogger(__name__)
+
+#: The driver name ``kubedevice nvidia dra`` publishes under (``--driver-name`` changes it).
+DEFAULT_DRIVER_NAME: Final = "gpu.kubedevice.io"
+_CONTROL: Final = frozenset(f"/dev/{n}" for n in CONTROL_NODES)
+
+
+class GpuDraDriver(Driver):
+    """The GPUs of one node as DRA devices.
+
+    Args:
+        config: The GPU plugin's config (``migStrategy``, health policies, roots), CLI
+            overrides applied.
+        backend: The NVML backend, not yet initialised (the driver starts and stops it).
+        wait_timeout_ms: Longest single NVML event wait (see :class:`HealthMonitor`).
+    """
+
+    driver_name: ClassVar[str] = DEFAULT_DRIVER_NAME
+
+    def __init__(
+        self, config: Config, backend: NvmlBackend, *, wait_timeout_ms: int = 1000
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.hardware = Hardware(None, (), {})
+        self.health: HealthState | None = None
+        self._wait_timeout_ms = wait_timeout_ms
+        self._by_name: dict[str, GpuDevice] = {}
+        self._opened: list[GpuDevice] | None = None
+        self._driver_files: list[str] = []
+        self._changed = asyncio.Event()
+        self._started = asyncio.Event()
+        # GPU UUID -> claim UID -> the time-slice level that claim set
+        self._slices: dict[str, dict[str, int]] = {}
+
+    # ------------------------------------------------------------------ devices
+
+    @property
+    def gpu_devices(self) -> list[GpuDevice]:
+        """The published devices and their hardware (after :meth:`devices` started)."""
+        return list(self._by_name.values())
+
+    async def wait_started(self) -> None:
+        """Wait until NVML is up and the first device list was built."""
+        await self._started.wait()
+
+    def open(self) -> None:
+        """Start NVML and build the device list now (blocking), so that a node without a
+        driver, or a config that does not fit the GPUs, fails before anything is served.
+
+        :meth:`devices` does it itself when this was not called.
+
+        Raises:
+            NvmlError: NVML cannot start and ``failOnInitError`` is set.
+            ConfigError: The config does not fit the GPUs (``migStrategy: single``).
+        """
+        try:
+            self._opened = self._start()
+        except BaseException:
+            self.backend.shutdown()
+            raise
+
+    def _start(self) -> list[GpuDevice]:
+        """Start NVML and build the devices (blocking; in a thread)."""
+        flags = self.config.flags
+        hw = enumerate_hardware(self.backend, fail_on_init_error=flags.fail_on_init_error)
+        self.hardware = hw
+        numa = {g.uuid: read_numa_node(flags.sys_root, g.pci_bus_id) for g in hw.gpus}
+        topology = build_topology(self.backend, hw.gpus, numa) if len(hw.gpus) > 1 else None
+        devices = build_devices(self.config, hw.driver, hw.gpus, hw.mig, topology=topology)
+        if hw.driver is not None:
+            self._driver_files = find_driver_files(
+                flags.nvidia_driver_root, hw.driver.driver_version
+            )
+        return devices
+
+    def _snapshot(self) -> list[Device]:
+        out = []
+        for gd in self._by_name.values():
+            healthy = self.health is None or self.health.healthy(gd.unit.uuid)
+            out.append(gd.with_health(Health.HEALTHY if healthy else Health.UNHEALTHY))
+        return out
+
+    async def devices(self) -> AsyncIterator[Sequence[Device]]:
+        """Start NVML; yield the GPUs now and again after every health change."""
+        if self._opened is None:
+            await asyncio.to_thread(self.open)
+        built, self._opened = self._opened or [], None
+        self._by_name = {gd.device.name: gd for gd in built}
+        monitor: HealthMonitor | None = None
+        if not self.config.health.disabled and self.hardware.gpus:
+            self.health = HealthState(self.config.health, self.hardware.parents)
+            monitor = HealthMonitor(
+                self.backend,
+                self.health,
+                self._changed.set,
+                wait_timeout_ms=self._wait_timeout_ms,
+            )
+            await monitor.start()
+        self._started.set()
+        log.info("publishing %d GPU device(s)", len(built))
+        try:
+            while True:
+                self._changed.clear()
+                snapshot = self._snapshot()
+                bad = [d.name for d in snapshot if d.health != Health.HEALTHY]
+                if bad:
+                    log.warning("unhealthy, not offered: %s", ", ".join(bad))
+                yield snapshot
+                await self._changed.wait()
+        finally:
+            if monitor is not None:
+                await monitor.stop()
+            await asyncio.to_thread(self.backend.shutdown)
+
+    # ------------------------------------------------------------------ prepare
+
+    def _check(self, claim: Claim) -> list[tuple[GpuDevice, int | None]]:
+        """Each allocated device and the time-slice level its config asks for (or None).
+
+        Raises:
+            ClaimError: An unknown or unhealthy device, or a config that is invalid or of
+                the wrong kind for its device; the message names the request and field.
+        """
+        plan: list[tuple[GpuDevice, int | None]] = []
+        for allocated in claim.devices:
+            gd = self._by_name.get(allocated.name)
+            if gd is None:
+                raise ClaimError(f"device {allocated.name} is not a GPU of this node")
+            if self.health is not None and not self.health.healthy(gd.unit.uuid):
+                reason = self.health.unhealthy().get(gd.unit.uuid, "unhealthy")
+                raise ClaimError(f"device {allocated.name} ({gd.unit.uuid}) is unhealthy: {reason}")
+            source = f"request {allocated.request}: opaque config"
+            try:
+                config = effective_config([c.parameters for c in allocated.configs], source)
+            except ConfigError as exc:
+                raise ClaimError(str(exc)) from None
+            level: int | None = None
+            if config is not None:
+                want = "MigDeviceConfig" if gd.mig is not None else "GpuConfig"
+                if config.kind != want:
+                    what = "a MIG device" if gd.mig is not None else "a whole GPU"
+                    raise ClaimError(
+                        f"{source}: kind: {config.kind} does not apply to {allocated.name}, "
+                        f"which is {what} (use {want})"
+                    )
+                if config.interval is not None and gd.mig is None:
+                    level = TIME_SLICE_LEVELS[config.interval]
+            plan.append((gd, level))
+        return plan
+
+    def _edits(self, gd: GpuDevice, first: bool) -> ContainerEdits:
+        own = [DeviceNode(p, host_path=p) for p in gd.unit.device_nodes if p not in _CONTROL]
+        if not first:
+            return ContainerEdits(device_nodes=own)
+        control = [DeviceNode(p, host_path=p) for p in gd.unit.device_nodes if p in _CONTROL]
+        host_root = self.config.flags.effective_host_driver_root
+        mounts = [
+            Mount(str(PurePosixPath(host_root, rel)), str(PurePosixPath("/", rel)))
+            for rel in self._driver_files
+        ]
+        return ContainerEdits(device_nodes=own + control, mounts=mounts)
+
+    def _set_time_slice(self, uuid: str, level: int) -> None:
+        """Set a GPU's time-slice level through the backend, or nvidia-smi (blocking)."""
+        if isinstance(self.backend, TimeSliceControl):
+            self.backend.set_time_slice(uuid, level)
+            return
+        smi = _find_tool(self.config.flags.nvidia_driver_root, "nvidia-smi")
+        if smi is None:
+            raise NvmlError("NotSupported", "no nvidia-smi in the driver root to set it", uuid)
+        try:
+            proc = subprocess.run(
+                [smi, "compute-policy", "-i", uuid, f"--set-timeslice={level}"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NvmlError("Unknown", f"nvidia-smi failed: {exc}", uuid) from exc
+        if proc.returncode != 0:
+            text = (proc.stderr or proc.stdout).strip().splitlines()
+            raise NvmlError("Unknown", f"nvidia-smi: {text[-1] if text else proc.returncode}", uuid)
+
+    async def prepare(self, claim: Claim) -> Sequence[PreparedDevice]:
+        """Check every device and config of ``claim``, apply the configs, give the edits."""
+        plan = self._check(claim)
+        uid = claim.ref.uid
+        for gd, level in plan:
+            if level is None:
+                continue
+            try:
+                await asyncio.to_thread(self._set_time_slice, gd.gpu.uuid, level)
+            except NvmlError as exc:
+                raise ClaimError(
+                    f"cannot set the time-slice interval of {gd.device.name}: {exc}"
+                ) from None
+            self._slices.setdefault(gd.gpu.uuid, {})[uid] = level
+            log.info("time-slice level %d set on %s for claim %s", level, gd.gpu.uuid, claim.ref)
+        return [
+            PreparedDevice(allocated, self._edits(gd, i == 0))
+            for i, (allocated, (gd, _level)) in enumerate(zip(claim.devices, plan, strict=True))
+        ]
+
+    async def unprepare(self, claim: PreparedClaim) -> None:
+        """Give back the time-slice setting of GPUs that no other claim set."""
+        uid = claim.ref.uid
+        for gpu_uuid, by_claim in list(self._slices.items()):
+            if by_claim.pop(uid, None) is None:
+                continue
+            if by_claim:
+                continue
+            del self._slices[gpu_uuid]
+            try:
+                await asyncio.to_thread(self._set_time_slice, gpu_uuid, 0)
+            except NvmlError as exc:
+                log.warning("cannot reset the time-slice interval of %s: %s", gpu_uuid, exc)
+
+
+def _find_tool(driver_root: str, name: str) -> str | None:
+    for rel in ("usr/bin", "usr/local/bin", "bin"):
+        path = os.path.join(driver_root, rel, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None

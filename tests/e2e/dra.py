@@ -1,0 +1,429 @@
+"""The DRA drivers as real processes on the real kubelet, and resource.k8s.io helpers.
+
+``GpuDra`` runs ``kubedevice nvidia dra --nvml fake:MACHINE`` (fake ``/dev`` and ``/sys``
+trees, the fake's control socket for XIDs and lost GPUs); ``GenericDra`` runs
+``kubedevice run --dra`` on a fake ``/dev`` tree. Both register with the harness's kubelet
+(its ``--root-dir`` is their ``--kubelet-dir``), publish as the admin user and write CDI
+specs into a directory of their own. Waits are on events: watches of the API server,
+inotify on files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from asyncinotify import Inotify, Mask
+from kubernetes import client
+
+from kubedevice.generic import FakeHost
+from kubedevice.nvidia.nvml_fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
+
+from .cluster import NODE, Cluster, ClusterError, Process, wait_for
+
+KUBEDEVICE = str(Path(sys.executable).with_name("kubedevice"))
+REGISTERED = "registered with the kubelet as DRA driver"
+PREPARED = "kubedevice.dra.service: prepared claim "
+UNPREPARED = "kubedevice.dra.service: unprepared claim "
+_serial = iter(range(1, 1_000_000))
+
+
+def wait_file(
+    path: Path, predicate: Callable[[Path], bool], timeout: float = 30, what: str = ""
+) -> None:
+    """Wait (inotify on the parent directory) until ``predicate(path)`` holds."""
+
+    async def run() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with Inotify() as ino:
+            ino.add_watch(
+                path.parent,
+                Mask.CREATE | Mask.DELETE | Mask.MODIFY | Mask.MOVED_TO | Mask.MOVED_FROM,
+            )
+            deadline = time.monotonic() + timeout
+            while not predicate(path):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClusterError(
+                        f"timed out after {timeout:.0f} s waiting for {what or path}"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ino.get(), left)
+
+    asyncio.run(run())
+
+
+def log_count(log: Path, needle: str) -> int:
+    try:
+        return log.read_text(errors="replace").count(needle)
+    except OSError:
+        return 0
+
+
+class DraDriver:
+    """One DRA driver process; ``start()`` again after ``stop()``/``kill()`` restarts it."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        name: str,
+        driver: str,
+        argv: list[str],
+        root: Path,
+        env: Any,
+        kubeconfig: Path | None = None,
+    ) -> None:
+        assert cluster.kubelet is not None
+        self.cluster = cluster
+        name = f"{name}-{next(_serial)}"  # a log of its own: counts are this driver's
+        self.name = name
+        self.driver = driver
+        self.root = root
+        self.cdi_dir = root / "cdi"
+        self.log = cluster.logs / f"{name}.log"
+        self.process = Process(
+            name,
+            [KUBEDEVICE, "--log-level", "debug", *argv, "--driver-name", driver,
+             "--node-name", NODE, "--kubelet-dir", str(cluster.kubelet.root),
+             "--cdi-dir", str(self.cdi_dir),
+             "--kubeconfig", str(kubeconfig or cluster.admin_kubeconfig)],
+            self.log,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        cluster.add_log(name, self.log)
+
+    def start(self, *, wait: bool = True) -> None:
+        """Start; with ``wait``, until the kubelet has registered it (once more than before)."""
+        before = log_count(self.log, REGISTERED)
+        self.process.start()
+        if wait:
+            self.wait_registered(before + 1)
+
+    def wait_registered(self, count: int, timeout: float = 30) -> None:
+        wait_file(
+            self.log,
+            lambda p: log_count(p, REGISTERED) >= count or not self.process.alive(),
+            timeout,
+            f"{self.name} registered ({count})",
+        )
+        self.process.check_alive()
+
+    def stop(self) -> int | None:
+        return self.process.stop()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def cdi_specs(self) -> dict[str, dict[str, Any]]:
+        """The CDI spec files in the driver's CDI dir, by name (JSON)."""
+        if not self.cdi_dir.is_dir():
+            return {}
+        return {p.name: json.loads(p.read_text()) for p in sorted(self.cdi_dir.glob("*.json"))}
+
+    def wait_specs(self, predicate: Callable[[dict[str, dict[str, Any]]], bool], what: str) -> None:
+        wait_file(self.cdi_dir / "x", lambda _p: predicate(self.cdi_specs()), 60, what)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class GpuDra(DraDriver):
+    """``kubedevice nvidia dra --nvml fake:MACHINE`` with the fake's trees and control socket."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        machine: str = "dgx-8gpu",
+        driver: str = "gpu.kubedevice.io",
+        config: str = "version: v1\n",
+        name: str = "gpu-dra",
+        kubeconfig: Path | None = None,
+    ) -> None:
+        root = Path(tempfile.mkdtemp(prefix="kddg-", dir="/tmp"))
+        self.nvml = FakeNvml.from_file(machine)
+        write_fake_dev(self.nvml, root / "dev")
+        write_fake_sysfs(self.nvml, root / "sys")
+        self.control = root / "nvml.sock"
+        (root / "gpu.yaml").write_text(config)
+        super().__init__(
+            cluster,
+            name,
+            driver,
+            ["nvidia", "dra", "--config", str(root / "gpu.yaml"), "--nvml", f"fake:{machine}",
+             "--dev-root", str(root / "dev"), "--sys-root", str(root / "sys")],
+            root,
+            {"KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock")},
+            kubeconfig,
+        )  # fmt: skip
+
+    @property
+    def uuids(self) -> list[str]:
+        return [g.info.uuid for g in self.nvml.machine.gpus]
+
+    def send(self, message: dict[str, Any]) -> None:
+        send_control(self.control, message)
+
+    def close(self) -> None:
+        super().close()
+        self.nvml.close()
+
+
+class GenericDra(DraDriver):
+    """``kubedevice run --dra`` on a fake host (``host.add_char_device`` / ``remove``)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        config: str,
+        driver: str = "dev.kubedevice.io",
+        name: str = "dev-dra",
+    ) -> None:
+        root = Path(tempfile.mkdtemp(prefix="kddd-", dir="/tmp"))
+        self.host = FakeHost(root / "host")
+        (root / "config.yaml").write_text(config)
+        super().__init__(
+            cluster,
+            name,
+            driver,
+            ["run", "--dra", "--config", str(root / "config.yaml"),
+             "--dev-root", str(self.host.dev_root), "--sys-root", str(self.host.sys_root)],
+            root,
+            None,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# resource.k8s.io
+
+
+def resource_api(cluster: Cluster) -> client.ResourceV1Api:
+    return client.ResourceV1Api(cluster.api)
+
+
+def slice_devices(cluster: Cluster, driver: str) -> dict[str, Any]:
+    """The devices of the driver's slices on the node, by name."""
+    out: dict[str, Any] = {}
+    for s in (
+        resource_api(cluster).list_resource_slice(field_selector=f"spec.driver={driver}").items
+    ):
+        if s.spec.node_name == NODE:
+            out.update({d.name: d for d in s.spec.devices or []})
+    return out
+
+
+def wait_slices(
+    cluster: Cluster,
+    driver: str,
+    predicate: Callable[[set[str]], bool],
+    what: str,
+    timeout: float = 30,
+) -> set[str]:
+    """Watch the ResourceSlices until the names of the driver's devices satisfy ``predicate``."""
+    api = resource_api(cluster)
+
+    def names() -> set[str]:
+        return set(slice_devices(cluster, driver))
+
+    if predicate(names()):
+        return names()
+    wait_for(
+        api.list_resource_slice,
+        lambda _s: predicate(names()),
+        timeout,
+        f"ResourceSlices of {driver}: {what}",
+        field_selector=f"spec.driver={driver}",
+    )
+    return names()
+
+
+@contextlib.contextmanager
+def device_class(cluster: Cluster, *expressions: str, prefix: str = "e2e") -> Iterator[str]:
+    """A DeviceClass selecting with the CEL ``expressions``; deleted afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
+    }
+    api = resource_api(cluster)
+    api.create_device_class(body)
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(client.ApiException):
+            api.delete_device_class(name)
+
+
+def request(name: str, device_class_name: str, count: int = 1, *selectors: str) -> dict[str, Any]:
+    exactly: dict[str, Any] = {
+        "deviceClassName": device_class_name,
+        "allocationMode": "ExactCount",
+        "count": count,
+    }
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return {"name": name, "exactly": exactly}
+
+
+def claim_spec(
+    *requests: dict[str, Any],
+    match_attribute: str | None = None,
+    config: dict[str, Any] | None = None,
+    driver: str | None = None,
+) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": list(requests)}
+    if match_attribute is not None:
+        devices["constraints"] = [
+            {"requests": [r["name"] for r in requests], "matchAttribute": match_attribute}
+        ]
+    if config is not None:
+        devices["config"] = [{"opaque": {"driver": driver, "parameters": config}}]
+    return {"devices": devices}
+
+
+def create_template(cluster: Cluster, ns: str, name: str, spec: dict[str, Any]) -> None:
+    resource_api(cluster).create_namespaced_resource_claim_template(
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": spec},
+        },
+    )
+
+
+def create_claim(cluster: Cluster, ns: str, name: str, spec: dict[str, Any]) -> None:
+    resource_api(cluster).create_namespaced_resource_claim(
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+
+
+def claim_pod(
+    name: str, *, template: str | None = None, claim: str | None = None, claim_name: str = "dev"
+) -> dict[str, Any]:
+    """A pod with one container using one claim (from a template or an existing claim)."""
+    ref: dict[str, Any] = {"name": claim_name}
+    if template is not None:
+        ref["resourceClaimTemplateName"] = template
+    else:
+        ref["resourceClaimName"] = claim
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [ref],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": claim_name}]},
+                }
+            ],
+        },
+    }
+
+
+#: How long a DRA pod may take to run. The kubelet can fetch a claim before the API server's
+#: node authorizer has linked it to the node ("no relationship found"); it then retries only
+#: at its next pod resync (1 minute), so a wait must outlast that.
+POD_TIMEOUT = 150
+
+
+def run_claim_pod(cluster: Cluster, ns: str, manifest: dict[str, Any]) -> Any:
+    """Create a pod using claims and wait until it is Running (see :data:`POD_TIMEOUT`)."""
+    return cluster.run_pod(ns, manifest, timeout=POD_TIMEOUT)
+
+
+def pod_claim(cluster: Cluster, ns: str, pod: str) -> Any:
+    """The ResourceClaim a (scheduled) pod uses: the first of its claim statuses."""
+    p = cluster.core.read_namespaced_pod(pod, ns)
+    statuses = p.status.resource_claim_statuses or []
+    name = (
+        statuses[0].resource_claim_name
+        if statuses
+        else p.spec.resource_claims[0].resource_claim_name
+    )
+    return resource_api(cluster).read_namespaced_resource_claim(name, ns)
+
+
+def allocated(claim: Any) -> list[str]:
+    """The device names allocated to a claim."""
+    return [r.device for r in claim.status.allocation.devices.results]
+
+
+def delete_pod(cluster: Cluster, ns: str, name: str) -> None:
+    """Delete a pod and wait until it is gone from the API server (the kubelet let it go)."""
+    cluster.core.delete_namespaced_pod(name, ns)
+    deadline = time.monotonic() + 60
+    w = None
+    from kubernetes import watch
+
+    while time.monotonic() < deadline:
+        items = cluster.core.list_namespaced_pod(ns, field_selector=f"metadata.name={name}")
+        if not items.items:
+            return
+        w = watch.Watch()
+        try:
+            for ev in w.stream(
+                cluster.core.list_namespaced_pod,
+                ns,
+                field_selector=f"metadata.name={name}",
+                resource_version=items.metadata.resource_version,
+                timeout_seconds=max(1, int(deadline - time.monotonic())),
+            ):
+                if ev["type"] == "DELETED":
+                    return
+        finally:
+            w.stop()
+    raise ClusterError(f"pod {ns}/{name} was not deleted in 60 s")
+
+
+def release(cluster: Cluster, ns: str, drivers: list[DraDriver]) -> None:
+    """Delete the namespace's pods while their drivers still run, and wait until every claim
+    is unprepared (the drivers' CDI specs are gone); only then may the drivers stop.
+
+    A driver stopped first leaves the kubelet unable to unprepare ("driver not registered"):
+    it keeps retrying those pods, and a later test's kubelet restart meets them.
+    """
+    pods = cluster.core.list_namespaced_pod(ns).items
+    if pods:
+        for drv in drivers:
+            if not drv.process.alive():  # a test stopped it: the kubelet needs it back
+                drv.start()
+    for pod in pods:
+        with contextlib.suppress(client.ApiException):
+            delete_pod(cluster, ns, pod.metadata.name)
+    for drv in drivers:
+        drv.wait_specs(lambda specs: not specs, f"{drv.name}: every claim unprepared")
+
+
+def wait_unschedulable(cluster: Cluster, ns: str, name: str, timeout: float = 30) -> Any:
+    def unschedulable(p: Any) -> bool:
+        return any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in p.status.conditions or []
+        )
+
+    return cluster.wait_pod(ns, name, unschedulable, timeout, "Unschedulable")

@@ -1,0 +1,169 @@
+"""The GPU DRA driver in-process on the fake NVML: health in the device lists, prepare."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from kubedevice.dra import (
+    AllocatedDevice,
+    Claim,
+    ClaimError,
+    ClaimRef,
+    Device,
+    Health,
+    OpaqueConfig,
+    PreparedClaim,
+)
+from kubedevice.nvidia.backend import EventKind, HealthEvent
+from kubedevice.nvidia.config import Config
+from kubedevice.nvidia.dra import GpuDraDriver
+
+
+def _config(host: Any, **health: Any) -> Config:
+    config = Config(version="v1").with_overrides(dev_root=str(host.dev), sys_root=str(host.sys))
+    return dataclasses.replace(config, health=dataclasses.replace(config.health, **health))
+
+
+def _claim(driver: GpuDraDriver, names: Sequence[str], *configs: Any, uid: str = "u1") -> Claim:
+    devices = tuple(
+        AllocatedDevice(
+            request="gpus",
+            pool="node-1",
+            name=name,
+            device=None,
+            configs=tuple(OpaqueConfig(c) for c in configs),
+        )
+        for name in names
+    )
+    return Claim(ref=ClaimRef("default", "c", uid), devices=devices)
+
+
+def _slicing(interval: str, kind: str = "GpuConfig") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": kind,
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}},
+    }
+
+
+async def _next(gen: AsyncIterator[Sequence[Device]]) -> dict[str, Device]:
+    devices = await asyncio.wait_for(anext(gen), 10)
+    return {d.name: d for d in devices}
+
+
+async def test_a_lost_gpu_turns_unhealthy_and_back(gpu_host: Any) -> None:
+    host = gpu_host("gpu-lost")  # GPU 1 falls off the bus 2 s after watching starts
+    driver = GpuDraDriver(_config(host, reset_check_interval=0.2), host.nvml)
+    gen = driver.devices()
+    try:
+        first = await _next(gen)
+        assert {n: d.health for n, d in first.items()} == {
+            "gpu-0": Health.HEALTHY,
+            "gpu-1": Health.HEALTHY,
+        }
+        second = await _next(gen)
+        assert second["gpu-1"].health == Health.UNHEALTHY
+        assert second["gpu-0"].health == Health.HEALTHY
+        with pytest.raises(ClaimError, match=r"gpu-1 .*unhealthy: GPU lost"):
+            await driver.prepare(_claim(driver, ["gpu-1"]))
+        host.nvml.set_lost(driver.gpu_devices[1].gpu.uuid, False)
+        third = await _next(gen)
+        assert third["gpu-1"].health == Health.HEALTHY
+    finally:
+        await gen.aclose()
+
+
+async def test_an_xid_follows_the_health_policy(gpu_host: Any) -> None:
+    host = gpu_host("dgx-8gpu")
+    driver = GpuDraDriver(_config(host, quiet_period=3600), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        uuid = driver.gpu_devices[3].gpu.uuid
+        host.nvml.inject(HealthEvent(EventKind.XID, uuid, xid=13))  # the app's fault: ignored
+        host.nvml.inject(HealthEvent(EventKind.XID, uuid, xid=79))
+        devices = await _next(gen)
+        assert [n for n, d in devices.items() if d.health != Health.HEALTHY] == ["gpu-3"]
+    finally:
+        await gen.aclose()
+
+
+async def test_prepare_applies_the_time_slice_and_gives_each_gpu_its_node(
+    gpu_host: Any,
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        claim = _claim(driver, ["gpu-2", "gpu-5"], _slicing("Short"), _slicing("Long"))
+        prepared = await driver.prepare(claim)
+        first, second = ([(n.path, n.host_path) for n in p.edits.device_nodes] for p in prepared)
+        assert first[0] == ("/dev/nvidia2", "/dev/nvidia2")
+        assert ("/dev/nvidiactl", "/dev/nvidiactl") in first  # control nodes once per claim
+        assert second == [("/dev/nvidia5", "/dev/nvidia5")]
+        gpus = {gd.device.name: gd.gpu.uuid for gd in driver.gpu_devices}
+        # the claim's config comes after the class's: Long wins
+        assert host.nvml.time_slice(gpus["gpu-2"]) == 3
+        assert host.nvml.time_slice(gpus["gpu-5"]) == 3
+        assert host.nvml.time_slice(gpus["gpu-0"]) == 0
+        # a second claim on gpu-2 keeps it set until both are gone
+        await driver.prepare(_claim(driver, ["gpu-2"], _slicing("Medium"), uid="u2"))
+        await driver.unprepare(PreparedClaim(ClaimRef("default", "c", "u1")))
+        assert host.nvml.time_slice(gpus["gpu-5"]) == 0
+        assert host.nvml.time_slice(gpus["gpu-2"]) == 2
+        await driver.unprepare(PreparedClaim(ClaimRef("default", "c2", "u2")))
+        assert host.nvml.time_slice(gpus["gpu-2"]) == 0
+    finally:
+        await gen.aclose()
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        (
+            {**_slicing("Fast")},
+            "request gpus: opaque config[0]: sharing.timeSlicingConfig.interval: must be",
+        ),
+        ({"apiVersion": "resource.kubedevice.io/v1", "kind": "GpuConfig", "x": 1}, "x: unknown"),
+        (
+            {"apiVersion": "v1", "kind": "GpuConfig"},
+            "apiVersion: must be one of resource.kubedevice.io/v1",
+        ),
+        (_slicing("Long", "MigDeviceConfig"), "MIG device has no time-slice"),
+        ({"apiVersion": "resource.kubedevice.io/v1", "kind": "MigDeviceConfig"}, "use GpuConfig"),
+        ("not an object", "expected a JSON object"),
+    ],
+    ids=["interval", "unknown-key", "api-version", "mig-interval", "wrong-kind", "not-object"],
+)
+async def test_bad_configs_fail_the_claim_naming_the_field(
+    gpu_host: Any, config: Any, needle: str
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        with pytest.raises(ClaimError, match=needle.replace("[", r"\[")):
+            await driver.prepare(_claim(driver, ["gpu-0"], config))
+        # nothing was applied
+        assert host.nvml.time_slice(driver.gpu_devices[0].gpu.uuid) == 0
+    finally:
+        await gen.aclose()
+
+
+async def test_an_unknown_device_fails_the_claim(gpu_host: Any) -> None:
+    host = gpu_host("pcie-4gpu")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        with pytest.raises(ClaimError, match="gpu-9 is not a GPU of this node"):
+            await driver.prepare(_claim(driver, ["gpu-9"]))
+    finally:
+        await gen.aclose()
