@@ -85,6 +85,8 @@ class DeviceManager:
         #: when each resource's ListAndWatch messages last caused a checkpoint write
         self._last_write: dict[str, float] = {}
         self._deferred: asyncio.TimerHandle | None = None
+        #: a write queued for the end of the current burst of messages (``call_soon``)
+        self._soon: asyncio.Handle | None = None
         self.checkpoint = checkpoint
         self.events = events
         self.notifier = notifier
@@ -146,6 +148,8 @@ class DeviceManager:
         r.unhealthy = {d.id for d in devices if not d.healthy}
         r.has_sets = True
         self._devices_changed()
+        # Before the event: a waiter woken by it finds the checkpoint already written.
+        self._write_soon(ep.resource)
         self.events.append(
             ListAndWatchEvent(
                 t=self.events.now(),
@@ -155,7 +159,6 @@ class DeviceManager:
                 healthy=len(r.healthy),
             )
         )
-        self._write_soon(ep.resource)
 
     def _on_stream_end(self, ep: PluginEndpoint, reason: str) -> None:
         t = self.events.now()  # before the grace timer is armed
@@ -253,6 +256,9 @@ class DeviceManager:
         if self._deferred is not None:
             self._deferred.cancel()
             self._deferred = None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         self._last_write.clear()
         for r in self.resources.values():
             if r.grace is not None:
@@ -295,29 +301,33 @@ class DeviceManager:
         self.write_checkpoint()
 
     def _write_soon(self, resource: str) -> None:
-        """A device-set change of ``resource``: write now, unless its previous message
-        caused a write less than an interval ago; then once, at the end of that interval.
+        """A device-set change of ``resource``: write once the messages that arrived with it
+        are handled, unless its previous message caused a write less than an interval ago;
+        then once, at the end of that interval.
 
-        A plugin flapping device health would otherwise rewrite (and re-hash) the whole
-        checkpoint on every message. Each write is still atomic (temp file + rename), so a
-        crash loses at most the last interval's health changes, never an allocation.
+        "Once handled" is a ``call_soon``: every message the loop handles in the same pass
+        (the 200 first messages after a restart of a busy node arrive in a few such passes)
+        shares one write, and it runs before anything woken by these messages (a waiter on
+        the node, a control reply), so whoever sees the change finds it on disk. A plugin
+        flapping device health would otherwise rewrite (and re-hash) the whole checkpoint
+        on every message. Each write is still atomic (temp file + rename), so a crash loses
+        at most the last interval's health changes, never an allocation.
         """
         now = time.monotonic()
         wait = self._last_write.get(resource, -math.inf) + self.checkpoint_interval_s - now
         if wait <= 0:  # also writes another resource's deferred change
             self._last_write[resource] = now
-            self.write_checkpoint()
+            if self._soon is None:
+                self._soon = asyncio.get_running_loop().call_soon(self.write_checkpoint)
             return
         self._last_write[resource] = now + wait
-        if self._deferred is not None:  # a write is due anyway; it will carry this change
-            self.notifier.notify()
-            return
+        if self._deferred is not None or self._soon is not None:
+            return  # a write is due anyway; it will carry this change
         self._deferred = asyncio.get_running_loop().call_later(wait, self.write_checkpoint)
-        self.notifier.notify()
 
     def flush_checkpoint(self) -> None:
         """Write a coalesced device-set change now, if one is pending."""
-        if self._deferred is not None:
+        if self._deferred is not None or self._soon is not None:
             self.write_checkpoint()
 
     def write_checkpoint(self) -> None:
@@ -325,6 +335,9 @@ class DeviceManager:
         if self._deferred is not None:
             self._deferred.cancel()
             self._deferred = None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         if self._registered_dirty:
             self.checkpoint.set_registered(
                 {n: sorted(r.healthy) for n, r in self.resources.items() if r.has_sets}
