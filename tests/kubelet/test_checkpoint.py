@@ -241,13 +241,13 @@ class _CountingWriter(CheckpointWriter):
 
 
 async def test_burst_of_first_messages_is_one_checkpoint_write(dp_dir: Path) -> None:
-    """The first messages of many plugins handled in one loop pass (a restart of a busy
-    node) share one checkpoint write, made before anything woken by them runs."""
+    """The first messages of many plugins (a restart of a busy node) share one checkpoint
+    write; one who looks (flush_checkpoint) gets what is pending written at once."""
     notifier = Notifier()
     events = EventLog(notifier)
     writer = _CountingWriter(dp_dir / "kubelet_internal_checkpoint")
     m = DeviceManager(dp_dir, writer, events, notifier, grace_period_s=60, per_socket_clients=False)
-    names = [f"example.com/r{i}" for i in range(50)]
+    names = [f"example.com/r{i}" for i in range(60)]
     eps = [  # channels to a socket nobody serves: never connected, never used
         PluginEndpoint(
             n,
@@ -258,21 +258,23 @@ async def test_burst_of_first_messages_is_one_checkpoint_write(dp_dir: Path) -> 
         )
         for i, n in enumerate(names)
     ]
-    seen: list[list[str]] = []
+    dev = (DeviceStatus(id="d0", health="Healthy", numa=()),)
 
-    async def reader() -> None:  # woken by the first message: the file already has them all
-        await notifier.wait_until(lambda: len(events) > 0, 5)
-        data = loads((dp_dir / "kubelet_internal_checkpoint").read_bytes())
-        seen.append(sorted(data.registered or {}))
+    def on_disk() -> list[str]:
+        return sorted(loads((dp_dir / "kubelet_internal_checkpoint").read_bytes()).registered or {})
 
-    waiter = asyncio.create_task(reader())
-    await asyncio.sleep(0)  # a loop yield, not a wait: the reader is waiting now
-    for ep in eps:  # one loop pass, as the grpc callbacks of a burst are handled
-        m._on_message(ep, (DeviceStatus(id="d0", health="Healthy", numa=()),))
-    await waiter
-    assert seen == [sorted(names)]
-    assert writer.writes == 1  # one per message before
-    m.flush_checkpoint()  # nothing is pending any more
+    for ep in eps[:50]:
+        m._on_message(ep, dev)
+    assert writer.writes == 0  # not one per message
+    await notifier.wait_until(lambda: writer.writes > 0, 5)
     assert writer.writes == 1
+    assert on_disk() == sorted(names[:50])
+    for ep in eps[50:]:
+        m._on_message(ep, dev)
+    m.flush_checkpoint()  # someone looks: written now
+    assert writer.writes == 2
+    assert on_disk() == sorted(names)
+    m.flush_checkpoint()  # nothing pending any more
+    assert writer.writes == 2
     for ep in eps:
         await ep.close()
