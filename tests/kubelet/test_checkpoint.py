@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from asyncinotify import Inotify, Mask
+from grpc import aio
 from hypothesis import given, settings, strategies as st
 from rawplugin import Dev, RawPlugin, devs
 
@@ -22,6 +23,10 @@ from kubedevice.kubelet.checkpoint import (
     loads,
     render_for_hash,
 )
+from kubedevice.kubelet.endpoint import PluginEndpoint
+from kubedevice.kubelet.events import EventLog, Notifier
+from kubedevice.kubelet.manager import DeviceManager
+from kubedevice.kubelet.types import DeviceStatus, PluginOptions
 
 VECTORS = [
     ('{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3467439661}', 3467439661),
@@ -223,3 +228,53 @@ async def test_coalesced_resource_does_not_delay_another(dp_dir: Path) -> None:
             assert list(data.registered[a] or ()) == ["d1"]
         await pb.stop()
         await pa.stop()
+
+
+class _CountingWriter(CheckpointWriter):
+    """The real writer, counting its writes."""
+
+    writes = 0
+
+    def write(self) -> None:
+        self.writes += 1
+        super().write()
+
+
+async def test_burst_of_first_messages_is_one_checkpoint_write(dp_dir: Path) -> None:
+    """The first messages of many plugins (a restart of a busy node) share one checkpoint
+    write; one who looks (flush_checkpoint) gets what is pending written at once."""
+    notifier = Notifier()
+    events = EventLog(notifier)
+    writer = _CountingWriter(dp_dir / "kubelet_internal_checkpoint")
+    m = DeviceManager(dp_dir, writer, events, notifier, grace_period_s=60, per_socket_clients=False)
+    names = [f"example.com/r{i}" for i in range(60)]
+    eps = [  # channels to a socket nobody serves: never connected, never used
+        PluginEndpoint(
+            n,
+            dp_dir / f"r{i}.sock",
+            aio.insecure_channel(f"unix://{dp_dir}/nobody.sock"),
+            PluginOptions(),
+            events,
+        )
+        for i, n in enumerate(names)
+    ]
+    dev = (DeviceStatus(id="d0", health="Healthy", numa=()),)
+
+    def on_disk() -> list[str]:
+        return sorted(loads((dp_dir / "kubelet_internal_checkpoint").read_bytes()).registered or {})
+
+    for ep in eps[:50]:
+        m._on_message(ep, dev)
+    assert writer.writes == 0  # not one per message
+    await notifier.wait_until(lambda: writer.writes > 0, 5)
+    assert writer.writes == 1
+    assert on_disk() == sorted(names[:50])
+    for ep in eps[50:]:
+        m._on_message(ep, dev)
+    m.flush_checkpoint()  # someone looks: written now
+    assert writer.writes == 2
+    assert on_disk() == sorted(names)
+    m.flush_checkpoint()  # nothing pending any more
+    assert writer.writes == 2
+    for ep in eps:
+        await ep.close()

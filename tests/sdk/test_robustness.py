@@ -654,3 +654,28 @@ async def test_a_new_kubelet_gets_a_fresh_backoff(sock_dir: Path) -> None:
 
     assert delay_after("kubelet 1 not ready (7)") >= 0.01 * 2**6 * 0.8  # it did back off
     assert delay_after("kubelet 2 not ready (1)") <= 0.01 * 1.2  # and started over
+
+
+async def test_plugins_of_one_server_register_over_one_channel_per_kubelet(
+    sock_dir: Path,
+) -> None:
+    """20 plugins re-registering after a kubelet restart make one connection, not 20."""
+    dp_dir = sock_dir / "dp"
+    dp_dir.mkdir()
+    kubelet = KubeletDouble(dp_dir)
+    await kubelet.start()
+    names = [f"example.com/r{i}" for i in range(20)]
+    try:
+        async with kubedevice.PluginServer(dp_dir, stream_grace=0.2) as server:
+            for name in names:
+                await server.add(StaticPlugin(devs(1), resource_name=name))
+            for name in names:
+                await server.wait_registered(name, timeout=10)
+            assert server._kubelet_channels.created == 1
+            await kubelet.restart()
+            for name in names:
+                await server.wait_registered(name, count=2, timeout=10)
+            assert server._kubelet_channels.created == 2  # one per kubelet
+            assert len(await kubelet.wait_registrations(40)) == 40
+    finally:
+        await kubelet.stop()

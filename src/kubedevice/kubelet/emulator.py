@@ -300,13 +300,22 @@ class Emulator:
 
     def node(self) -> NodeStatus:
         """Per resource: capacity, allocatable, devices (id, health, NUMA)."""
+        self._m.flush_checkpoint()  # what the caller sees is on disk too
         return self._m.node()
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:  # noqa: ASYNC109
-        """Return once ``predicate()`` holds (re-checked on each change); else TimeoutError."""
+        """Return once ``predicate()`` holds (re-checked on each change); else TimeoutError.
+
+        A device-set change waiting for its (coalesced) checkpoint write is written first,
+        so the checkpoint on disk agrees with what the predicate saw.
+        """
         self.events  # noqa: B018 - make sure the notifier exists
         assert self._notifier is not None
-        await self._notifier.wait_until(predicate, timeout)
+        try:
+            await self._notifier.wait_until(predicate, timeout)
+        finally:
+            if self._manager is not None:
+                self._manager.flush_checkpoint()
 
     async def wait_for_resource(
         self,
@@ -602,6 +611,8 @@ class Emulator:
 
     async def _handle_control(self, req: dict[str, Any]) -> Any:
         op = req.get("op")
+        if self._manager is not None:  # a client that looks finds the checkpoint up to date
+            self._manager.flush_checkpoint()
         if op == "ping":
             return {"pid": os.getpid()}
         if op == "node":

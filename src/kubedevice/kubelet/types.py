@@ -34,10 +34,35 @@ __all__ = [
 ]
 
 
+_SCALARS = (str, int, float, bool, type(None))
+#: Per type: its dataclass field names, or None for a type that is not a dataclass (the
+#: node status of 200 resources is converted on every ``kubedevice node`` and every poll of
+#: it; ``dataclasses.fields`` on each value took most of that).
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(value: Any) -> tuple[str, ...] | None:
+    cls = type(value)
+    try:
+        return _FIELD_NAMES[cls]
+    except KeyError:
+        pass
+    names = (
+        tuple(f.name for f in dataclasses.fields(value))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type)
+        else None
+    )
+    _FIELD_NAMES[cls] = names
+    return names
+
+
 def to_jsonable(value: Any) -> Any:
     """Convert (nested) dataclasses, tuples and dicts into JSON-ready values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if type(value) in _SCALARS:
+        return value
+    names = _field_names(value)
+    if names is not None:
+        out = {name: to_jsonable(getattr(value, name)) for name in names}
         kind = getattr(value, "kind", None)
         if isinstance(kind, str):
             out["kind"] = kind

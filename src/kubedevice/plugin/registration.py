@@ -1,12 +1,17 @@
-"""The ``Register`` call to the kubelet and the retry backoff around it.
+"""The ``Register`` call to the kubelet, the channel it goes over, and the retry backoff.
 
-One call per attempt on a fresh channel, with a deadline; gRPC errors become
-:class:`~kubedevice.errors.RegistrationError` (chained).
+One call per attempt, with a deadline, on a fresh channel or on a
+:class:`KubeletChannels` channel that every plugin of a server shares for one
+``kubelet.sock`` (200 resources re-registering after a kubelet restart then make one
+connection, not 200); gRPC errors become :class:`~kubedevice.errors.RegistrationError`
+(chained).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +21,7 @@ from kubedevice._api import VERSION, dp, dp_grpc
 from kubedevice.errors import RegistrationError
 from kubedevice.plugin.types import PluginOptions
 
-__all__ = ["Backoff", "register"]
+__all__ = ["Backoff", "KubeletChannels", "register"]
 
 
 async def register(
@@ -26,6 +31,7 @@ async def register(
     resource_name: str,
     options: PluginOptions,
     deadline: float = 10.0,
+    channel: grpc.aio.Channel | None = None,
 ) -> None:
     """Call ``/v1beta1.Registration/Register`` once.
 
@@ -36,6 +42,8 @@ async def register(
         options: The plugin's options (sent for kubelets up to 1.24; newer ones ask
             ``GetDevicePluginOptions``).
         deadline: Deadline of the call in seconds (it covers the kubelet's dial-back).
+        channel: A channel to ``kubelet_socket`` to call on (left open); ``None``: a fresh
+            one, closed after the call.
 
     Raises:
         RegistrationError: The kubelet could not be reached or refused the registration.
@@ -49,20 +57,86 @@ async def register(
             get_preferred_allocation_available=options.get_preferred_allocation_available,
         ),
     )
+    if channel is not None:
+        await _call(channel, request, kubelet_socket, resource_name, deadline)
+        return
+    async with _channel(kubelet_socket) as fresh:
+        await _call(fresh, request, kubelet_socket, resource_name, deadline)
+
+
+def _channel(kubelet_socket: Path) -> grpc.aio.Channel:
     # A local subchannel pool: gRPC's global pool would otherwise make this fresh channel wait
     # out the ~1 s reconnect backoff left by an earlier failed connect to a restarting kubelet.
     channel_options = [("grpc.enable_retries", 0), ("grpc.use_local_subchannel_pool", 1)]
-    async with grpc.aio.insecure_channel(
-        f"unix://{kubelet_socket}", options=channel_options
-    ) as channel:
-        stub = dp_grpc.RegistrationStub(channel)
+    return grpc.aio.insecure_channel(f"unix://{kubelet_socket}", options=channel_options)
+
+
+async def _call(
+    channel: grpc.aio.Channel,
+    request: dp.RegisterRequest,
+    kubelet_socket: Path,
+    resource_name: str,
+    deadline: float,
+) -> None:
+    stub = dp_grpc.RegistrationStub(channel)
+    try:
+        await stub.Register(request, timeout=deadline)
+    except grpc.aio.AioRpcError as exc:
+        raise RegistrationError(
+            f"Register of {resource_name!r} at {kubelet_socket} failed: "
+            f"{exc.code().name}: {exc.details()}"
+        ) from exc
+
+
+class KubeletChannels:
+    """One channel to ``kubelet.sock`` per kubelet (its socket's identity), shared.
+
+    :meth:`use` lends the channel for the kubelet identified by ``key``, creating it on
+    first use; a new key (``kubelet.sock`` re-created: a new kubelet) replaces it, and a
+    replaced or failed channel is closed once its last user is done. A failed call drops
+    the channel, so the next attempt connects afresh instead of waiting out gRPC's
+    reconnect backoff (which a fresh channel never inherits).
+    """
+
+    def __init__(self, kubelet_socket: Path) -> None:
+        self.kubelet_socket = kubelet_socket
+        self._current: tuple[Hashable, grpc.aio.Channel] | None = None
+        self._users: dict[grpc.aio.Channel, int] = {}
+        self.created = 0  #: channels made so far (one per kubelet when all goes well)
+
+    @contextlib.asynccontextmanager
+    async def use(self, key: Hashable) -> AsyncIterator[grpc.aio.Channel]:
+        """The shared channel for the kubelet ``key``, for the duration of the block."""
+        if self._current is None or self._current[0] != key:
+            old, self._current = self._current, (key, _channel(self.kubelet_socket))
+            self.created += 1
+            if old is not None and not self._users.get(old[1]):
+                self._users.pop(old[1], None)
+                await old[1].close()
+        channel = self._current[1]
+        self._users[channel] = self._users.get(channel, 0) + 1
         try:
-            await stub.Register(request, timeout=deadline)
-        except grpc.aio.AioRpcError as exc:
-            raise RegistrationError(
-                f"Register of {resource_name!r} at {kubelet_socket} failed: "
-                f"{exc.code().name}: {exc.details()}"
-            ) from exc
+            yield channel
+        except RegistrationError:
+            if self._current is not None and self._current[1] is channel:
+                self._current = None  # the next attempt connects afresh
+            raise
+        finally:
+            self._users[channel] -= 1
+            current = self._current is not None and self._current[1] is channel
+            if not self._users[channel] and not current:
+                del self._users[channel]
+                await channel.close()
+
+    async def close(self) -> None:
+        """Close every channel (their calls are cancelled)."""
+        channels = set(self._users)
+        if self._current is not None:
+            channels.add(self._current[1])
+        self._current = None
+        self._users.clear()
+        for channel in channels:
+            await channel.close()
 
 
 @dataclass

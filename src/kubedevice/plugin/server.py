@@ -33,7 +33,7 @@ from kubedevice.plugin.config import (
 )
 from kubedevice.plugin.daemon import serve_metrics
 from kubedevice.plugin.hooks import check_hooks, device_snapshots
-from kubedevice.plugin.registration import Backoff, register
+from kubedevice.plugin.registration import Backoff, KubeletChannels, register
 from kubedevice.plugin.servicer import HOOK_ERRORS, DeviceTable, make_handler
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
@@ -401,15 +401,7 @@ class _Runtime:
                 await self._wait(self._kubelet_changed, None)
                 continue
             baseline = self.table.streams_served
-            reg = asyncio.ensure_future(
-                register(
-                    self.kubelet_socket,
-                    endpoint=self.socket_name,
-                    resource_name=self.resource,
-                    options=self.plugin.options(),
-                    deadline=self.server.register_timeout,
-                )
-            )
+            reg = asyncio.ensure_future(self._register_call(ino))
             restart = asyncio.ensure_future(self._restart.wait())
             try:
                 await asyncio.wait((reg, restart), return_when=asyncio.FIRST_COMPLETED)
@@ -451,6 +443,18 @@ class _Runtime:
                 self._stream_closed(self._kubelet_stream)
             return True
         return False
+
+    async def _register_call(self, kubelet: tuple[int, int, int]) -> None:
+        """One Register, on the channel every plugin here shares for this kubelet."""
+        async with self.server._kubelet_channels.use(kubelet) as channel:
+            await register(
+                self.kubelet_socket,
+                endpoint=self.socket_name,
+                resource_name=self.resource,
+                options=self.plugin.options(),
+                deadline=self.server.register_timeout,
+                channel=channel,
+            )
 
     async def _wait(self, event: asyncio.Event, limit: float | None) -> None:
         """Wait for ``event`` or a restart request, at most ``limit`` seconds."""
@@ -578,6 +582,8 @@ class PluginServer:
         self.state = ServerState.NEW
         self._runtimes: dict[str, _Runtime] = {}
         self._by_socket: dict[str, _Runtime] = {}  # each event names one socket: no scan
+        #: Register calls share one channel per kubelet (200 plugins: one connection)
+        self._kubelet_channels = KubeletChannels(self.device_plugin_dir / KUBELET_SOCKET)
         self._watcher: DirWatcher | None = None
         self._lock = asyncio.Lock()
         self._failure: KubeDeviceError | None = None
@@ -656,6 +662,7 @@ class PluginServer:
         async with self._lock:
             while self._runtimes:
                 await self._remove_locked(next(iter(self._runtimes)))
+        await self._kubelet_channels.close()
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
