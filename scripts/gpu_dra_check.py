@@ -65,6 +65,7 @@ INNER = "KD_GPU_DRA_CHECK_INNER"  # set in the re-executed process inside the na
 WORK = "KD_GPU_DRA_CHECK_WORK"
 STEP_S = 60.0  # one step's limit (a pod may wait for a kubelet retry)
 NAME = "gpu-dra-check"
+REGISTERED = "registered with the kubelet as DRA driver"
 
 # A CUDA process with a container's view of the GPUs (its env from the CDI spec).
 CUDA_CHILD = r"""
@@ -827,6 +828,16 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
         report.time("driver_start_to_slice_published", t_driver)
         report.facts["published"] = devices
         compare_devices(report, gpus, devices)
+        # a pod bound before the kubelet has registered the driver waits for its next pod
+        # resync (about a minute): the driver logs the kubelet's registration status
+        poll(
+            "the kubelet to register the driver",
+            lambda: REGISTERED in driver.log.read_text(errors="replace"),  # type: ignore[union-attr]
+            STEP_S,
+            [driver],
+        )
+        report.time("driver_start_to_registered", t_driver)
+        report.check("driver_registered_with_the_kubelet", True, REGISTERED)
 
         # 3. allocation by hand, the pod, NodePrepareResources
         gpu = gpus[0]
