@@ -241,10 +241,8 @@ class Proc:
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -412,7 +410,7 @@ def make_pki(pki: Path, users: dict[str, str]) -> dict[str, str]:
     tokens = {user: os.urandom(16).hex() for user in users}
     (pki / "tokens.csv").write_text(
         "".join(
-            f'{tokens[u]},{u},uid-{u.replace(":", "-")}' + (f',"{g}"' if g else "") + "\n"
+            f"{tokens[u]},{u},uid-{u.replace(':', '-')}" + (f',"{g}"' if g else "") + "\n"
             for u, g in users.items()
         )
     )
@@ -708,7 +706,9 @@ def compare_devices(report: Report, gpus: list[Gpu], devices: dict[str, Any]) ->
 
 def spec_nodes(spec: dict[str, Any]) -> dict[str, list[str]]:
     return {
-        d["name"]: [n.get("hostPath") or n["path"] for n in d["containerEdits"].get("deviceNodes", [])]
+        d["name"]: [
+            n.get("hostPath") or n["path"] for n in d["containerEdits"].get("deviceNodes", [])
+        ]
         for d in spec.get("devices") or []
     }
 
@@ -783,11 +783,26 @@ def torch_check(report: Report, env: dict[str, str], gpu: Gpu) -> None:
     )
 
 
+#: What the driver process imports; a module missing here fails before any process starts.
+DRIVER_IMPORTS = "import kubedevice.cli, kubedevice.nvidia.dra, kubernetes, asyncinotify, pydantic"
+
+
+def preflight() -> None:
+    """The driver's modules import in this Python (else one line naming what is missing)."""
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER_IMPORTS], capture_output=True, text=True, timeout=120
+    )
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise CheckError(f"the driver cannot start in {sys.executable}: {last}")
+
+
 def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
     nvml: str = args.nvml
     gpus = fake_gpus(nvml, work) if nvml.startswith("fake:") else real_gpus()
     report.facts["nvml_gpus"] = [g.__dict__ for g in gpus]
     bin_dir = find_binaries(args.k8s_bin)
+    preflight()
     cluster = Cluster(bin_dir, work)
     driver: Proc | None = None
     cdi_dir = work / "cdi"
@@ -798,7 +813,8 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
         report.time("cluster_up_node_ready", t0)
         report.check("node_ready", True, NODE)
         api = cluster.api
-        assert api is not None and cluster.admin_kubeconfig is not None
+        assert api is not None
+        assert cluster.admin_kubeconfig is not None
 
         # 2. the driver and its ResourceSlice
         argv = [sys.executable, "-m", "kubedevice", "--log-level", "debug", "nvidia", "dra",
@@ -811,7 +827,7 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
         driver = cluster.proc("driver", argv, env=dict(os.environ))
 
         def published(slices: dict[str, Any]) -> dict[str, Any] | None:
-            driver.check()  # type: ignore[union-attr]
+            driver.check()
             devices: dict[str, Any] = {}
             for s in slices.values():
                 spec = s.get("spec") or {}
@@ -832,7 +848,7 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
         # resync (about a minute): the driver logs the kubelet's registration status
         poll(
             "the kubelet to register the driver",
-            lambda: REGISTERED in driver.log.read_text(errors="replace"),  # type: ignore[union-attr]
+            lambda: REGISTERED in driver.log.read_text(errors="replace"),
             STEP_S,
             [driver],
         )
@@ -918,9 +934,7 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
                     ]
                 },
             },
-            "reservedFor": [
-                {"resource": "pods", "name": NAME, "uid": pod["metadata"]["uid"]}
-            ],
+            "reservedFor": [{"resource": "pods", "name": NAME, "uid": pod["metadata"]["uid"]}],
         }
         claim = api.call("PUT", f"{res}/namespaces/{NS}/resourceclaims/{NAME}/status", claim)
         report.check(
@@ -940,7 +954,7 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
         )
 
         def running(pods: dict[str, Any]) -> bool:
-            driver.check()  # type: ignore[union-attr]
+            driver.check()
             return bool((pods.get(NAME) or {}).get("status", {}).get("phase") == "Running")
 
         api.wait(
@@ -968,11 +982,8 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
             bool(nodes) and nodes[0] == f"/dev/nvidia{gpu.minor}",
             {"spec": nodes[:1], "nvml_minor": gpu.minor},
         )
-        report.check(
-            "cdi_device_node_exists",
-            bool(nodes) and host_path(nodes[0], work, nvml).exists(),
-            str(host_path(nodes[0], work, nvml)) if nodes else "",
-        )
+        missing = [n for n in nodes if not host_path(n, work, nvml).exists()]
+        report.check("cdi_device_nodes_exist", bool(nodes) and not missing, {"missing": missing})
         if nvml.startswith("fake:"):
             report.facts["torch"] = "skipped: fake NVML"
         else:
@@ -1021,7 +1032,10 @@ def find_binaries(option: str | None) -> Path:
             if missing:
                 raise CheckError(f"--k8s-bin {d}: missing {', '.join(missing)}")
             return d
-    for unpack in (ROOT.parent / "shared/k8s/unpack.sh", ROOT.parent.parent / "shared/k8s/unpack.sh"):
+    for unpack in (
+        ROOT.parent / "shared/k8s/unpack.sh",
+        ROOT.parent.parent / "shared/k8s/unpack.sh",
+    ):
         if unpack.is_file():
             out = subprocess.run([str(unpack)], capture_output=True, text=True, timeout=300)
             if out.returncode == 0 and out.stdout.strip():
