@@ -1089,6 +1089,7 @@ def inner(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     work = Path(os.environ[WORK])
     report = Report(args.nvml)
+    report.facts["work_dir"] = str(work)  # removed when the check ends
     error = None
 
     def alarm(_sig: int, _frame: Any) -> None:
