@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import lzma
 import os
 import re
 import shutil
@@ -801,7 +802,7 @@ def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
     nvml: str = args.nvml
     gpus = fake_gpus(nvml, work) if nvml.startswith("fake:") else real_gpus()
     report.facts["nvml_gpus"] = [g.__dict__ for g in gpus]
-    bin_dir = find_binaries(args.k8s_bin)
+    bin_dir = find_binaries(args.k8s_bin, work)
     preflight()
     cluster = Cluster(bin_dir, work)
     driver: Proc | None = None
@@ -1022,16 +1023,33 @@ def host_path(path: str, work: Path, nvml: str) -> Path:
     return Path(path)
 
 
-def find_binaries(option: str | None) -> Path:
-    """``--k8s-bin``, ``$KUBEDEVICE_K8S_BIN``, else what ``../shared/k8s/unpack.sh`` prints."""
+def find_binaries(option: str | None, work: Path) -> Path:
+    """``--k8s-bin``, ``$KUBEDEVICE_K8S_BIN``, else what ``../shared/k8s/unpack.sh`` prints.
+
+    A binary there only as ``NAME.xz`` (the compressed form, small enough to carry) is
+    unpacked into ``work/bin``.
+    """
     candidates = [option, os.environ.get("KUBEDEVICE_K8S_BIN")]
     for c in candidates:
         if c:
             d = Path(c)
-            missing = [b for b in BINARIES if not (d / b).is_file()]
+            missing = [
+                b for b in BINARIES if not (d / b).is_file() and not (d / f"{b}.xz").is_file()
+            ]
             if missing:
                 raise CheckError(f"--k8s-bin {d}: missing {', '.join(missing)}")
-            return d
+            if all((d / b).is_file() for b in BINARIES):
+                return d
+            unpacked = work / "bin"
+            unpacked.mkdir(exist_ok=True)
+            for b in BINARIES:
+                if (d / b).is_file():
+                    (unpacked / b).symlink_to((d / b).resolve())
+                    continue
+                with lzma.open(d / f"{b}.xz") as src, (unpacked / b).open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                (unpacked / b).chmod(0o755)
+            return unpacked
     for unpack in (
         ROOT.parent / "shared/k8s/unpack.sh",
         ROOT.parent.parent / "shared/k8s/unpack.sh",
@@ -1057,7 +1075,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--k8s-bin",
         default=None,
-        help="the directory with etcd, kube-apiserver, kubelet, kd-fakecri "
+        help="the directory with etcd, kube-apiserver, kubelet, kd-fakecri (or NAME.xz) "
         "[default: $KUBEDEVICE_K8S_BIN]",
     )
     parser.add_argument(

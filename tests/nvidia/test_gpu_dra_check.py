@@ -139,3 +139,28 @@ def test_a_difference_from_nvml_is_a_failed_check(
 def test_a_device_named_for_another_minor_fails(check: ModuleType) -> None:
     devices = _published(name="gpu-0")
     assert _failed(check, devices) == ["gpu-0.name_matches_nvml"]
+
+
+def test_xz_binaries_are_unpacked_into_the_work_dir(check: ModuleType, tmp_path: Path) -> None:
+    import lzma
+
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    for name in ("etcd", "kube-apiserver", "kubelet"):
+        with lzma.open(carried / f"{name}.xz", "wb") as f:
+            f.write(f"#!/bin/sh\necho {name}\n".encode())
+    (carried / "kd-fakecri").write_text("#!/bin/sh\necho fakecri\n")
+    (carried / "kd-fakecri").chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    got = check.find_binaries(str(carried), work)
+    assert got == work / "bin"
+    for name in ("etcd", "kube-apiserver", "kubelet", "kd-fakecri"):
+        out = subprocess.run([str(got / name)], capture_output=True, text=True, check=True)
+        assert out.stdout == f"{name if name != 'kd-fakecri' else 'fakecri'}\n"
+
+
+def test_a_binary_missing_in_both_forms_is_named(check: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "etcd.xz").write_bytes(b"")
+    with pytest.raises(check.CheckError, match=r"missing kube-apiserver, kubelet, kd-fakecri$"):
+        check.find_binaries(str(tmp_path), tmp_path)
