@@ -800,10 +800,10 @@ def preflight() -> None:
 
 def run_check(args: argparse.Namespace, work: Path, report: Report) -> None:
     nvml: str = args.nvml
+    preflight()
     gpus = fake_gpus(nvml, work) if nvml.startswith("fake:") else real_gpus()
     report.facts["nvml_gpus"] = [g.__dict__ for g in gpus]
     bin_dir = find_binaries(args.k8s_bin, work)
-    preflight()
     cluster = Cluster(bin_dir, work)
     driver: Proc | None = None
     cdi_dir = work / "cdi"
