@@ -1114,6 +1114,7 @@ def inner(argv: list[str]) -> int:
         raise Deadline(f"the global deadline ({args.deadline:.0f} s) passed")
 
     def terminate(_sig: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up must run
         raise Deadline("terminated by a signal")
 
     signal.signal(signal.SIGALRM, alarm)
@@ -1173,7 +1174,15 @@ def outer(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="kd-gdc-", dir="/tmp"))
     env = {**os.environ, INNER: "1", WORK: str(work)}
     cmd = ["unshare", "-m", "--propagation", "private", sys.executable, __file__, *argv]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def forward(_sig: int, _frame: Any) -> None:
+        """SIGTERM/SIGINT here: the check stops early, cleans up and still prints its JSON."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     try:
         code = proc.wait(timeout=args.deadline + 30)
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
