@@ -31,6 +31,7 @@ from .dra import (
     release,
     request,
     run_claim_pod,
+    wait_file,
     wait_slices,
     wait_unschedulable,
 )
@@ -161,6 +162,8 @@ def test_a_restarted_driver_unprepares_what_it_prepared(
         drv.start()
         delete_pod(cluster, ns, "p")
         drv.wait_specs(lambda specs: not specs, "the spec removed by the restarted driver")
+        # the restarted process did it (the spec goes just before the line is logged)
+        wait_file(drv.log, lambda p: log_count(p, UNPREPARED) >= 1, 30, "unprepared, logged")
         assert log_count(drv.log, UNPREPARED) == 1
 
 
