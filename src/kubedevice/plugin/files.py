@@ -13,59 +13,14 @@ import contextlib
 import errno
 import logging
 import os
-import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["NotARegularFileError", "read_small_file", "replace_if_changed"]
+from kubedevice._regular_file import NotRegularFileError, read_regular
+
+__all__ = ["replace_if_changed"]
 
 log = logging.getLogger(__name__)
-
-
-class NotARegularFileError(OSError):
-    """A FIFO, socket, device node or directory where a regular file was expected."""
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISLNK, "a symlink"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def read_small_file(path: Path, limit: int) -> bytes:
-    """Up to ``limit`` bytes of the regular file at ``path``, never blocking nor following.
-
-    Opened with ``O_NONBLOCK | O_NOFOLLOW``, so a FIFO planted there cannot block us and a
-    symlink is not followed; anything but a regular file is refused.
-
-    Raises:
-        FileNotFoundError: Nothing is there.
-        NotARegularFileError: A FIFO, socket, device node, directory or symlink is there.
-        OSError: It cannot be read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise NotARegularFileError(errno.ELOOP, "a symlink", str(path)) from None
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotARegularFileError(errno.EINVAL, _kind(mode), str(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit)
 
 
 def replace_if_changed(directory: Path, name: str, text: str) -> bool:
@@ -83,14 +38,14 @@ def replace_if_changed(directory: Path, name: str, text: str) -> bool:
     target = directory / name
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     try:
-        if read_small_file(target, len(data) + 1) == data:
+        if read_regular(target, len(data)) == data:
             return False
-    except NotARegularFileError as exc:
-        if exc.strerror == "a directory":
+    except NotRegularFileError as exc:
+        if exc.errno == errno.EISDIR:
             raise IsADirectoryError(
                 errno.EISDIR, "a directory is in the way", str(target)
             ) from None
-        log.warning("%s is %s, not a file this plugin wrote; replacing it", target, exc.strerror)
+        log.warning("%s is %s, not a file this plugin wrote; replacing it", target, exc.kind)
     except OSError:
         pass  # missing or unreadable: written below
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
