@@ -84,7 +84,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _unix_socket_answers(path: Path) -> bool:
+def unix_socket_answers(path: Path) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(1.0)
     try:
@@ -102,7 +102,7 @@ def clean_device_plugin_dir() -> None:
     Raises:
         ClusterError: another kubelet answers on its ``kubelet.sock``.
     """
-    if KUBELET_SOCK.is_socket() and _unix_socket_answers(KUBELET_SOCK):
+    if KUBELET_SOCK.is_socket() and unix_socket_answers(KUBELET_SOCK):
         raise ClusterError(
             f"a kubelet is listening on {KUBELET_SOCK}: run the tier in a private mount namespace "
             "(see tests/e2e/README.md) or on a machine without a kubelet"
@@ -244,6 +244,17 @@ def _http_ok(url: str, ctx: ssl.SSLContext | None, token: str | None = None) -> 
             return bool(r.status == 200 and r.read().strip() == b"ok")
     except (OSError, urllib.error.URLError):
         return False
+
+
+def etcd_args(data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+    """The flags of a one-member etcd for tests (no fsync) on 127.0.0.1."""
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    return [
+        "--name", "kd", "--data-dir", str(data_dir),
+        "--listen-client-urls", client, "--advertise-client-urls", client,
+        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"kd={peer}", "--unsafe-no-fsync=true", "--log-level", "warn",
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +463,7 @@ class Kubelet:
         # it: a plugin registering before then is refused (and waits out its backoff)
         _poll(
             "the new kubelet.sock to accept",
-            lambda: _unix_socket_answers(KUBELET_SOCK),
+            lambda: unix_socket_answers(KUBELET_SOCK),
             30,
             [self.process],
         )
@@ -607,15 +618,7 @@ class Cluster:
                 ("other-node", "system:node:other-node"),
             )
         }
-        etcd = self._proc(
-            "etcd", "--name", "kd", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-cluster", f"kd=http://127.0.0.1:{etcd_peer}",
-            "--unsafe-no-fsync=true", "--log-level", "warn",
-        )  # fmt: skip
+        etcd = self._proc("etcd", *etcd_args(self.workdir / "etcd", etcd_port, etcd_peer))
 
         def etcd_healthy() -> bool:
             try:

@@ -1,10 +1,12 @@
-"""Publishing a file a plugin owns (a CDI spec, the NFD feature file): atomic, no-follow.
+"""Publishing a file a plugin owns (a CDI spec, the NFD feature file, a DRA checkpoint):
+atomic, no-follow.
 
-:func:`replace_if_changed` writes a hidden temporary file in the target's directory and
+:func:`write_atomically` writes a hidden temporary file in the target's directory and
 renames it over the target, so a reader (the container runtime, ``nfd-worker``) never sees
-a partial file, and a symlink at the target is replaced, never followed. It writes nothing
-when the target already holds the text. A FIFO, socket or device node planted at the target
-never blocks it: files are opened ``O_NONBLOCK | O_NOFOLLOW`` and must be regular.
+a partial file, and a symlink at the target is replaced, never followed.
+:func:`replace_if_changed` writes nothing when the target already holds the text; a FIFO,
+socket or device node planted at the target never blocks it (what is there is read through
+``kubedevice._regular_file``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from kubedevice._regular_file import NotRegularFileError, read_regular
 
-__all__ = ["replace_if_changed"]
+__all__ = ["replace_if_changed", "write_atomically"]
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +50,28 @@ def replace_if_changed(directory: Path, name: str, text: str) -> bool:
         log.warning("%s is %s, not a file this plugin wrote; replacing it", target, exc.kind)
     except OSError:
         pass  # missing or unreadable: written below
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    write_atomically(target, data, mode=0o644)  # world-readable whatever the umask
+    return True
+
+
+def write_atomically(path: Path, data: bytes | str, *, mode: int) -> None:
+    """Write ``data`` to a temporary file beside ``path`` (``mode``), fsync, rename into place.
+
+    A reader never sees a partial file; a symlink at ``path`` is replaced, never followed.
+
+    Raises:
+        OSError: The directory cannot be written.
+    """
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)  # world-readable whatever the umask
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, target)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return True
