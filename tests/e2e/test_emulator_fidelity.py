@@ -194,7 +194,14 @@ class RealNode(Node):
         return f"rejected: {reason}: {event.message}"
 
     def restart(self) -> None:
-        self.cluster.restart_kubelet()
+        # Not restart_kubelet(), which waits for a Ready heartbeat: about a second after it
+        # starts, the new kubelet admits the running pods again, and refuses one whose
+        # container reuses its init container's devices (UnexpectedAdmissionError, the pod
+        # is then killed) unless the plugin has registered again by then. start() returns as
+        # soon as the new kubelet.sock accepts; the scenario restarts the plugin right away.
+        assert self.cluster.kubelet is not None
+        self.cluster.kubelet.stop()
+        self.cluster.kubelet.start()
 
     def pod_resources_socket(self) -> Path:
         assert self.cluster.kubelet is not None
