@@ -25,6 +25,7 @@ from e2e.cluster import (
     Process,
     _http_ok,
     _poll,
+    etcd_args,
     find_binaries,
     free_port,
     make_pki,
@@ -57,17 +58,10 @@ def kubeconfig() -> Iterator[Path]:
         server = f"https://127.0.0.1:{api_port}"
         etcd = Process(
             "etcd",
-            [
-                str(bin_dir / "etcd"), "--name", "kd", "--data-dir", str(work / "etcd"),
-                "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-                "--initial-cluster", f"kd=http://127.0.0.1:{etcd_peer}",
-                "--unsafe-no-fsync=true", "--log-level", "warn",
-            ],
+            [str(bin_dir / "etcd"), *etcd_args(work / "etcd", etcd_port, etcd_peer)],
             work / "etcd.log",
-        )  # fmt: skip
+            work / "cwd" / "etcd",
+        )
         procs.append(etcd)
         etcd.start()
         api = Process(
@@ -87,6 +81,7 @@ def kubeconfig() -> Iterator[Path]:
                 "--endpoint-reconciler-type=none", "--profiling=false", "--v=0",
             ],
             work / "kube-apiserver.log",
+            work / "cwd" / "kube-apiserver",
         )  # fmt: skip
         procs.append(api)
         api.start()

@@ -14,8 +14,9 @@ awaited with watches (``wait_for``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import datetime
 import json
+import math
 import os
 import shutil
 import signal
@@ -83,7 +84,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _unix_socket_answers(path: Path) -> bool:
+def unix_socket_answers(path: Path) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(1.0)
     try:
@@ -101,7 +102,7 @@ def clean_device_plugin_dir() -> None:
     Raises:
         ClusterError: another kubelet answers on its ``kubelet.sock``.
     """
-    if KUBELET_SOCK.is_socket() and _unix_socket_answers(KUBELET_SOCK):
+    if KUBELET_SOCK.is_socket() and unix_socket_answers(KUBELET_SOCK):
         raise ClusterError(
             f"a kubelet is listening on {KUBELET_SOCK}: run the tier in a private mount namespace "
             "(see tests/e2e/README.md) or on a machine without a kubelet"
@@ -120,27 +121,38 @@ def clean_device_plugin_dir() -> None:
 
 @dataclass
 class Process:
-    """One child process in its own process group, logging to ``log``."""
+    """One child process in its own process group, logging to ``log``, in the directory ``cwd``.
+
+    ``cwd`` is the process's own (created empty if missing), never the checkout: the kubelet,
+    for one, removes what matches its containers' log paths relative to its working directory
+    (kd-fakecri reports empty ones, so that is everything there).
+    """
 
     name: str
     argv: list[str]
     log: Path
+    cwd: Path
     env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.cwd.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             out.write(f"==== start {' '.join(self.argv)}\n".encode())
             out.flush()
+            # No preexec_fn: with one, Python forks (not vfork) and the pthread_atfork handlers
+            # of a gRPC already used in this process (the fidelity test's emulator, inspect)
+            # run in the child before exec; one restarted an event-engine poller there, and
+            # the child hung before exec now and then. setpriv sets the death signal instead.
             self.popen = subprocess.Popen(
-                self.argv,
+                [*_DIE_WITH_PARENT, *self.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=self.env,
-                preexec_fn=_die_with_parent,
+                cwd=self.cwd,
             )
 
     @property
@@ -180,18 +192,34 @@ class Process:
         self.stop(signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the test process dies (even by SIGKILL), so nothing leaks."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with_parent() -> list[str]:
+    """The argv prefix that SIGKILLs the child when the test process dies (even by SIGKILL),
+    so nothing leaks: util-linux ``setpriv --pdeathsig`` (it execs the command in place)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+
+
+_DIE_WITH_PARENT = _die_with_parent()
 
 
 def tail(path: Path, lines: int = 60) -> str:
+    return tail_since(path, 0, lines) or "(empty)"
+
+
+def tail_since(path: Path, offset: int, lines: int = 60) -> str:
+    """The last ``lines`` lines of what ``path`` got after its first ``offset`` bytes."""
     try:
-        text = path.read_text(errors="replace")
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
     except OSError as e:
         return f"({e})"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def own_dir(logs: Path, name: str) -> Path:
+    """The working directory of component ``name``: ``cwd/<name>`` beside the ``logs`` dir."""
+    return logs.parent / "cwd" / name
 
 
 def _poll(what: str, check: Callable[[], bool], timeout: float, procs: Sequence[Process]) -> None:
@@ -216,6 +244,17 @@ def _http_ok(url: str, ctx: ssl.SSLContext | None, token: str | None = None) -> 
             return bool(r.status == 200 and r.read().strip() == b"ok")
     except (OSError, urllib.error.URLError):
         return False
+
+
+def etcd_args(data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+    """The flags of a one-member etcd for tests (no fsync) on 127.0.0.1."""
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    return [
+        "--name", "kd", "--data-dir", str(data_dir),
+        "--listen-client-urls", client, "--advertise-client-urls", client,
+        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"kd={peer}", "--unsafe-no-fsync=true", "--log-level", "warn",
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,6 +359,8 @@ class Kubelet:
     #: KubeletConfiguration fields to set (top level, replacing the harness's), used from the
     #: next ``start()``: e.g. ``{"topologyManagerPolicy": "single-numa-node"}``
     extra_config: dict[str, Any] = field(default_factory=dict)
+    #: when the current kubelet process was started (``time.time()``)
+    started_at: float = 0.0
 
     @property
     def cri_socket(self) -> Path:
@@ -355,6 +396,7 @@ class Kubelet:
             [str(self.bin_dir / "kd-fakecri"), "--endpoint", f"unix://{self.cri_socket}",
              "--record", str(self.record)],
             self.logs / "kd-fakecri.log",
+            own_dir(self.logs, "kd-fakecri"),
         )  # fmt: skip
         self.cri.start()
         _poll("kd-fakecri", self.cri_socket.is_socket, 30, [self.cri])
@@ -411,11 +453,20 @@ class Kubelet:
              # the device manager's GetPreferredAllocation and Allocate calls are logged at 4
              "--vmodule=manager=4"],
             self.logs / "kubelet.log",
+            own_dir(self.logs, "kubelet"),
         )  # fmt: skip
+        self.started_at = time.time()
         self.process.start()
         url = f"http://127.0.0.1:{self.healthz_port}/healthz"
         _poll("kubelet /healthz", lambda: _http_ok(url, None), 60, [self.process])
-        _poll("kubelet.sock", KUBELET_SOCK.is_socket, 30, [self.process])
+        # the previous kubelet's kubelet.sock stays until this one's device manager replaces
+        # it: a plugin registering before then is refused (and waits out its backoff)
+        _poll(
+            "the new kubelet.sock to accept",
+            lambda: unix_socket_answers(KUBELET_SOCK),
+            30,
+            [self.process],
+        )
 
     def stop(self) -> None:
         """Stop the kubelet process only (SIGTERM); kd-fakecri and its 'containers' keep running."""
@@ -535,7 +586,8 @@ class Cluster:
         return c
 
     def _proc(self, name: str, *argv: str) -> Process:
-        p = Process(name, [str(self.bin_dir / name), *argv], self.logs / f"{name}.log")
+        argv_ = [str(self.bin_dir / name), *argv]
+        p = Process(name, argv_, self.logs / f"{name}.log", own_dir(self.logs, name))
         self.procs[name] = p
         p.start()
         return p
@@ -566,15 +618,7 @@ class Cluster:
                 ("other-node", "system:node:other-node"),
             )
         }
-        etcd = self._proc(
-            "etcd", "--name", "kd", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-cluster", f"kd=http://127.0.0.1:{etcd_peer}",
-            "--unsafe-no-fsync=true", "--log-level", "warn",
-        )  # fmt: skip
+        etcd = self._proc("etcd", *etcd_args(self.workdir / "etcd", etcd_port, etcd_peer))
 
         def etcd_healthy() -> bool:
             try:
@@ -703,11 +747,22 @@ class Cluster:
         return self.core.read_node(NODE)
 
     def wait_node_ready(self, timeout: float = 60) -> Any:
-        def ready(n: Any) -> bool:
-            conds = n.status.conditions or []
-            return any(c.type == "Ready" and c.status == "True" for c in conds)
+        """Wait until the current kubelet process has posted the Node Ready.
 
-        return self.wait_node(ready, timeout, "Ready")
+        A Ready heartbeat from before its start (the previous kubelet's, after a restart) does
+        not count: heartbeats have whole seconds, so one at or after the first whole second
+        after the start is the new kubelet's.
+        """
+        assert self.kubelet is not None
+        since = datetime.datetime.fromtimestamp(math.ceil(self.kubelet.started_at), datetime.UTC)
+
+        def ready(n: Any) -> bool:
+            return any(
+                c.type == "Ready" and c.status == "True" and c.last_heartbeat_time >= since
+                for c in n.status.conditions or []
+            )
+
+        return self.wait_node(ready, timeout, f"Ready (a heartbeat since {since:%H:%M:%S})")
 
     def wait_node(
         self, predicate: Callable[[Any], bool], timeout: float = 30, what: str = ""

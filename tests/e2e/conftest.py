@@ -3,6 +3,7 @@ per test, plugin daemons, and the components' logs attached to every failing tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -14,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from .cluster import DEVICE_PLUGIN_DIR, HOW_TO_GET, Cluster, find_binaries, namespace, tail
+from .cluster import (
+    DEVICE_PLUGIN_DIR,
+    HOW_TO_GET,
+    Cluster,
+    find_binaries,
+    namespace,
+    tail,
+    tail_since,
+)
 from .plugins import GenericDaemon, GpuDaemon
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,6 +172,20 @@ def gpu_plugin(cluster: Cluster) -> Iterator[Callable[..., GpuDaemon]]:
         d.wait_gone()
 
 
+_LOG_MARKS = pytest.StashKey[dict[Path, int]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Mark where every log ends as the test starts: its report shows only what came after."""
+    c: Cluster | None = _state["cluster"]
+    marks: dict[Path, int] = {}
+    for path in c.log_files().values() if c is not None else ():
+        with contextlib.suppress(OSError):
+            marks[path] = path.stat().st_size
+    item.stash[_LOG_MARKS] = marks
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -170,5 +193,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     c: Cluster | None = _state["cluster"]
     if c is None or not report.failed or HERE not in Path(str(item.path)).parents:
         return
+    marks = item.stash.get(_LOG_MARKS, {})
     for name, path in sorted(c.log_files().items()):
-        report.sections.append((f"{name} log (last lines)", tail(path)))
+        text = tail_since(path, marks.get(path, 0))
+        if text:  # a log this test wrote nothing to (an earlier test's daemon) is left out
+            report.sections.append((f"{name} log (last lines since the test started)", text))

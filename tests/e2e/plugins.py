@@ -38,6 +38,7 @@ class Daemon:
         name: str,
         argv: list[str],
         resources: list[str],
+        cwd: Path,
         env: dict[str, str] | None = None,
     ):
         self.cluster = cluster
@@ -56,6 +57,7 @@ class Daemon:
                 f"127.0.0.1:{self.metrics_port}",
             ],
             self.log,
+            cwd,
             env={**os.environ, **(env or {})},
         )
         cluster.add_log(name, self.log)
@@ -115,6 +117,7 @@ class GenericDaemon(Daemon):
             ["run", "--config", str(self.config), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
              "--dev-root", str(self.host.dev_root), "--sys-root", str(self.host.sys_root)],
             [r["name"] for r in yaml.safe_load(config)["resources"]],
+            self.root,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -151,6 +154,7 @@ class GpuDaemon(Daemon):
              "--cdi-dir", str(self.cdi_dir),
              "--pod-resources-socket", str(pod_resources)],
             list(resources),
+            self.root,
             env={"KUBEDEVICE_FAKE_NVML_CONTROL": str(self.control)},
         )  # fmt: skip
 

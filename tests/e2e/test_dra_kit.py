@@ -9,7 +9,6 @@ driver restarted with the claim prepared unprepares it from its checkpoint when 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from .cluster import NODE, Cluster, container, pod_manifest, poll_until, wait_for
+from .cluster import NODE, Cluster, Process, container, pod_manifest, poll_until, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "counter.example.com"
@@ -34,7 +33,7 @@ class ExampleDriver:
         self.cdi = work / "cdi"
         self.cdi.mkdir(parents=True)
         self.log = work / "driver.log"
-        self.argv = [
+        argv = [
             sys.executable,
             str(REPO / "examples" / "dra_minimal.py"),
             "--node-name",
@@ -46,17 +45,14 @@ class ExampleDriver:
             "--cdi-dir",
             str(self.cdi),
         ]
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = Process("dra-minimal", argv, self.log, work)
         cluster.add_log("dra-minimal", self.log)
 
     def start(self) -> None:
-        with self.log.open("a") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        self.process.start()
 
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.terminate()
-        return self.proc.wait(timeout=30)
+    def stop(self) -> int | None:
+        return self.process.stop(timeout=30)
 
     def logged(self, text: str) -> int:
         return self.log.read_text().count(text)

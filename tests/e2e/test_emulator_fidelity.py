@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -33,7 +32,15 @@ from kubedevice._api import pr, pr_grpc
 from kubedevice.errors import AdmissionError
 from kubedevice.kubelet import Emulator
 
-from .cluster import DEVICE_PLUGIN_DIR, NODE, Cluster, container, pod_manifest, poll_until
+from .cluster import (
+    DEVICE_PLUGIN_DIR,
+    NODE,
+    Cluster,
+    container,
+    pod_manifest,
+    poll_until,
+    unix_socket_answers,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kubelet"))
 
@@ -77,17 +84,6 @@ def _calls(p: RawPlugin, since: dict[str, int]) -> dict[str, Any]:
     }
     since.update(preferred=len(c.preferred), allocate=len(c.allocate))
     return out
-
-
-def _accepts(path: Path) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        s.close()
-    return True
 
 
 async def _refused(p: RawPlugin, **register: str) -> str:
@@ -198,7 +194,14 @@ class RealNode(Node):
         return f"rejected: {reason}: {event.message}"
 
     def restart(self) -> None:
-        self.cluster.restart_kubelet()
+        # Not restart_kubelet(), which waits for a Ready heartbeat: about a second after it
+        # starts, the new kubelet admits the running pods again, and refuses one whose
+        # container reuses its init container's devices (UnexpectedAdmissionError, the pod
+        # is then killed) unless the plugin has registered again by then. start() returns as
+        # soon as the new kubelet.sock accepts; the scenario restarts the plugin right away.
+        assert self.cluster.kubelet is not None
+        self.cluster.kubelet.stop()
+        self.cluster.kubelet.start()
 
     def pod_resources_socket(self) -> Path:
         assert self.cluster.kubelet is not None
@@ -280,7 +283,7 @@ def _run(node: Node) -> dict[str, Any]:
     node.loop.run(p.stop())  # the restart removed its socket: the plugin starts again
     kubelet_sock = p.socket_dir / "kubelet.sock"
     # the previous kubelet's socket file may still be there: wait for one that answers
-    poll_until("the new kubelet.sock to accept", lambda: _accepts(kubelet_sock))
+    poll_until("the new kubelet.sock to accept", lambda: unix_socket_answers(kubelet_sock))
     node.loop.run(p.start())
     node.wait(capacity=6, allocatable=5)
     seen["restart: PodResources of the running pods"] = node.pod_devices(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from kubedevice._regular_file import read_regular
 from kubedevice.generic import FakeHost, parse_config
 from kubedevice.generic.discovery import Scanner
-from kubedevice.plugin.safefile import read_regular
 
 KUBEDEVICE = str(Path(sys.executable).parent / "kubedevice")
 
@@ -66,7 +66,9 @@ def test_read_regular_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None
         read_regular(tmp_path)
     (tmp_path / "f").write_bytes(b"ok\n")
     os.symlink(tmp_path / "f", tmp_path / "link")  # a ConfigMap's symlinks still work
-    assert read_regular(tmp_path / "link") == b"ok\n"
+    assert read_regular(tmp_path / "link", follow_symlinks=True) == b"ok\n"
+    with pytest.raises(OSError, match="is a symbolic link, not a regular file"):
+        read_regular(tmp_path / "link")  # the kubelet side's checkpoints: never followed
 
 
 @pytest.mark.parametrize("value", ["100000000000000000000", "9" * 5000, "0x1", "1024"])

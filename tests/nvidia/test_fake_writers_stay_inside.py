@@ -9,7 +9,7 @@ import pytest
 
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.nvml_fake import write_fake_dev, write_fake_sysfs
-from kubedevice.plugin.safefile import inside
+from kubedevice.plugin.paths import inside
 
 
 def _machine(dev_nodes: list[str], bus_ids: list[str]) -> object:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kubedevice.plugin.files import NotARegularFileError, read_small_file, replace_if_changed
+from kubedevice._regular_file import NotRegularFileError, read_regular
+from kubedevice.plugin.files import replace_if_changed
 
 
 def test_writes_once_then_leaves_a_current_file_alone(tmp_path: Path) -> None:
@@ -51,8 +52,8 @@ def test_unwritable_directory_raises_oserror(tmp_path: Path) -> None:
 def test_a_fifo_socket_or_directory_at_the_target_never_blocks(tmp_path: Path) -> None:
     fifo = tmp_path / "spec.json"
     os.mkfifo(fifo)
-    with pytest.raises(NotARegularFileError, match="a FIFO"):
-        read_small_file(fifo, 10)
+    with pytest.raises(NotRegularFileError, match="a FIFO"):
+        read_regular(fifo, 10)
     assert replace_if_changed(tmp_path, "spec.json", "one\n") is True  # replaced, not opened
     assert fifo.read_text() == "one\n"
     sock_dir = tmp_path / "s"

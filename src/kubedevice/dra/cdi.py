@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from kubedevice.dra.files import write_atomically
 from kubedevice.dra.types import ContainerEdits
+from kubedevice.plugin.files import write_atomically
 
 __all__ = ["CDI_VERSION", "CdiWriter"]
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from kubedevice.dra.files import write_atomically
 from kubedevice.dra.types import ClaimRef, PreparedClaim
+from kubedevice.plugin.files import write_atomically
 
 __all__ = ["CHECKPOINT_VERSION", "Checkpoint"]
 

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,12 @@ from typing import Final
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.settings import Settings
 from kubedevice.errors import ConfigError, KubeDeviceError
-from kubedevice.plugin.runner import ENV_LOG_FORMAT, ENV_LOG_LEVEL
+from kubedevice.plugin.runner import (
+    ENV_LOG_FORMAT,
+    ENV_LOG_LEVEL,
+    add_log_arguments,
+    configure_logging_from_args,
+)
 from kubedevice.signals import stop_on_signals
 
 __all__ = [
@@ -45,9 +49,6 @@ DEFAULT_KUBELET_DIR: Final = Path("/var/lib/kubelet")
 DEFAULT_CDI_DIR: Final = Path("/var/run/cdi")
 #: The environment variable ``--node-name`` defaults to (set it from the downward API).
 ENV_NODE_NAME: Final = "NODE_NAME"
-
-_LEVELS: Final = ("debug", "info", "warning", "error")
-_FORMATS: Final = ("text", "json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,18 +241,7 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="remove this driver's ResourceSlices on this node and its CDI specs, then exit",
     )
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get(ENV_LOG_LEVEL) or "info",
-        choices=_LEVELS,
-        help=f"minimum level of log lines (env {ENV_LOG_LEVEL}; default info)",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=os.environ.get(ENV_LOG_FORMAT) or "text",
-        choices=_FORMATS,
-        help=f"log line format (env {ENV_LOG_FORMAT}; default text)",
-    )
+    add_log_arguments(parser)
     return parser
 
 
@@ -280,17 +270,8 @@ def main(
     """
     if args is None:
         args = argument_parser().parse_args(argv)
-    from kubedevice.log import configure_logging
-
-    for value, allowed, env in (
-        (args.log_level, _LEVELS, ENV_LOG_LEVEL),
-        (args.log_format, _FORMATS, ENV_LOG_FORMAT),
-    ):
-        if value not in allowed:  # a default from the environment is not checked by argparse
-            print(f"error: {env}={value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
-            return 2
-
-    configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
+    if not configure_logging_from_args(args):
+        return 2
     options = options_from_args(args)
     if args.cleanup:
         try:

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubedevice._regular_file import read_regular
 from kubedevice.generic.config import Config, GroupSpec, ResourceSpec, group_name, has_glob
 from kubedevice.generic.ids import MAX_ID_LENGTH, sanitize_id
 from kubedevice.generic.templates import CDI_VARIABLES, Template
-from kubedevice.plugin.safefile import read_regular
 
 __all__ = ["Node", "PhysicalDevice", "Scanner", "watch_dirs"]
 
@@ -384,7 +384,8 @@ def _with_id(dev: PhysicalDevice, new_id: str) -> PhysicalDevice:
 
 def _read(path: str) -> str | None:
     try:
-        return read_regular(path).decode("utf-8", "replace").strip()  # never a FIFO's wait
+        # a FIFO planted there is an error, never a wait
+        return read_regular(path, follow_symlinks=True).decode("utf-8", "replace").strip()
     except OSError:
         return None
 

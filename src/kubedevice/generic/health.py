@@ -15,10 +15,10 @@ import os
 import signal
 from dataclasses import dataclass
 
+from kubedevice._regular_file import read_regular
 from kubedevice.generic.config import HealthSpec
 from kubedevice.generic.discovery import PhysicalDevice
 from kubedevice.generic.templates import CHECK_VARIABLES, Template
-from kubedevice.plugin.safefile import read_regular
 
 __all__ = ["CheckResult", "run_check"]
 
@@ -46,7 +46,8 @@ def _read_attribute(local: str, sys_root: str) -> str | None:
     root = os.path.realpath(sys_root)
     if not real.startswith(root.rstrip("/") + "/"):
         return None
-    return read_regular(real).decode("utf-8", "replace")  # a FIFO: an error, never a wait
+    # a FIFO: an error, never a wait
+    return read_regular(real, follow_symlinks=True).decode("utf-8", "replace")
 
 
 def _kill_group(pid: int) -> None:

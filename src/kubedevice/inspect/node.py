@@ -105,7 +105,7 @@ def _read_checkpoint(report: NodeReport) -> None:
     try:
         report.checkpoint = read_checkpoint(path)
     except NotRegularFileError as exc:
-        report.input_errors.append(f"checkpoint {path} is {exc.strerror}; not read")
+        report.input_errors.append(f"checkpoint {path} {exc.strerror}; not read")
     except FileNotFoundError:
         if not report.input_errors:  # a missing dir is already said
             report.problem(

@@ -532,7 +532,7 @@ class Emulator:
             with contextlib.suppress(OSError):
                 os.replace(self._journal, aside)
             log.error(
-                "pod journal %s is %s; moved aside to %s, starting with no pods",
+                "pod journal %s %s; moved aside to %s, starting with no pods",
                 self._journal,
                 exc.strerror,
                 aside.name,

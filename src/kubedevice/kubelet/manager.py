@@ -358,7 +358,7 @@ class DeviceManager:
         except FileNotFoundError:
             return None
         except NotRegularFileError as exc:
-            raise CheckpointError(f"{path} is {exc.strerror}") from None
+            raise CheckpointError(f"{path} {exc.strerror}") from None
         except OSError as exc:
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
         if len(raw) > MAX_CHECKPOINT_BYTES:

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from kubedevice._regular_file import read_regular
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import GpuInfo, MigDeviceInfo
 from kubedevice.nvidia.config import GPU_RESOURCE, Config
 from kubedevice.plugin.config import default_socket_name
-from kubedevice.plugin.files import read_small_file
 
 __all__ = [
     "CONTROL_NODES",
@@ -136,7 +136,7 @@ def read_numa_node(
         return None
     path = Path(sys_root, "bus", "pci", "devices", bus_id, "numa_node")
     try:
-        text = read_small_file(path, 64).decode("ascii").strip()
+        text = read_regular(path, 64).decode("ascii").strip()
     except FileNotFoundError:
         return fallback
     except (OSError, ValueError, UnicodeDecodeError):

@@ -65,7 +65,7 @@ from kubedevice.nvidia.fake.machine import (
     machine_names,
     resolve_machine_path,
 )
-from kubedevice.plugin.safefile import inside
+from kubedevice.plugin.paths import inside
 
 __all__ = [
     "CONTROL_ENV",

@@ -1,10 +1,12 @@
-"""Publishing a file a plugin owns (a CDI spec, the NFD feature file): atomic, no-follow.
+"""Publishing a file a plugin owns (a CDI spec, the NFD feature file, a DRA checkpoint):
+atomic, no-follow.
 
-:func:`replace_if_changed` writes a hidden temporary file in the target's directory and
+:func:`write_atomically` writes a hidden temporary file in the target's directory and
 renames it over the target, so a reader (the container runtime, ``nfd-worker``) never sees
-a partial file, and a symlink at the target is replaced, never followed. It writes nothing
-when the target already holds the text. A FIFO, socket or device node planted at the target
-never blocks it: files are opened ``O_NONBLOCK | O_NOFOLLOW`` and must be regular.
+a partial file, and a symlink at the target is replaced, never followed.
+:func:`replace_if_changed` writes nothing when the target already holds the text; a FIFO,
+socket or device node planted at the target never blocks it (what is there is read through
+``kubedevice._regular_file``).
 """
 
 from __future__ import annotations
@@ -13,59 +15,14 @@ import contextlib
 import errno
 import logging
 import os
-import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["NotARegularFileError", "read_small_file", "replace_if_changed"]
+from kubedevice._regular_file import NotRegularFileError, read_regular
+
+__all__ = ["replace_if_changed", "write_atomically"]
 
 log = logging.getLogger(__name__)
-
-
-class NotARegularFileError(OSError):
-    """A FIFO, socket, device node or directory where a regular file was expected."""
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISLNK, "a symlink"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def read_small_file(path: Path, limit: int) -> bytes:
-    """Up to ``limit`` bytes of the regular file at ``path``, never blocking nor following.
-
-    Opened with ``O_NONBLOCK | O_NOFOLLOW``, so a FIFO planted there cannot block us and a
-    symlink is not followed; anything but a regular file is refused.
-
-    Raises:
-        FileNotFoundError: Nothing is there.
-        NotARegularFileError: A FIFO, socket, device node, directory or symlink is there.
-        OSError: It cannot be read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise NotARegularFileError(errno.ELOOP, "a symlink", str(path)) from None
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotARegularFileError(errno.EINVAL, _kind(mode), str(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit)
 
 
 def replace_if_changed(directory: Path, name: str, text: str) -> bool:
@@ -83,26 +40,38 @@ def replace_if_changed(directory: Path, name: str, text: str) -> bool:
     target = directory / name
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     try:
-        if read_small_file(target, len(data) + 1) == data:
+        if read_regular(target, len(data)) == data:
             return False
-    except NotARegularFileError as exc:
-        if exc.strerror == "a directory":
+    except NotRegularFileError as exc:
+        if exc.errno == errno.EISDIR:
             raise IsADirectoryError(
                 errno.EISDIR, "a directory is in the way", str(target)
             ) from None
-        log.warning("%s is %s, not a file this plugin wrote; replacing it", target, exc.strerror)
+        log.warning("%s is %s, not a file this plugin wrote; replacing it", target, exc.kind)
     except OSError:
         pass  # missing or unreadable: written below
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    write_atomically(target, data, mode=0o644)  # world-readable whatever the umask
+    return True
+
+
+def write_atomically(path: Path, data: bytes | str, *, mode: int) -> None:
+    """Write ``data`` to a temporary file beside ``path`` (``mode``), fsync, rename into place.
+
+    A reader never sees a partial file; a symlink at ``path`` is replaced, never followed.
+
+    Raises:
+        OSError: The directory cannot be written.
+    """
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)  # world-readable whatever the umask
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, target)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return True

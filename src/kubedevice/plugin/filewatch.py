@@ -14,7 +14,7 @@ from pathlib import Path
 
 from asyncinotify import Event, Inotify, Mask, Watch
 
-from kubedevice.plugin.safefile import read_regular
+from kubedevice._regular_file import read_regular
 
 __all__ = ["CONFIG_MASK", "DEVICE_MASK", "DirWatcher", "FileChanges", "file_digest"]
 
@@ -86,7 +86,7 @@ def file_digest(path: Path) -> str | None:
     would add OpenSSL's digest tables (0.6 MB) for this one comparison.
     """
     try:
-        data = read_regular(path)
+        data = read_regular(path, follow_symlinks=True)
     except OSError:
         return None
     return f"{len(data)}:{zlib.crc32(data):08x}:{zlib.adler32(data):08x}"

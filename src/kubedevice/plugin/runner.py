@@ -22,7 +22,16 @@ from kubedevice.plugin.base import DevicePlugin
 from kubedevice.plugin.server import PluginServer
 from kubedevice.signals import stop_on_signals
 
-__all__ = ["ENV_LOG_FORMAT", "ENV_LOG_LEVEL", "argument_parser", "main", "run", "serve"]
+__all__ = [
+    "ENV_LOG_FORMAT",
+    "ENV_LOG_LEVEL",
+    "add_log_arguments",
+    "argument_parser",
+    "configure_logging_from_args",
+    "main",
+    "run",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +156,15 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-address", default=None, help="serve Prometheus metrics on HOST:PORT"
     )
+    add_log_arguments(parser)
+    return parser
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--log-format``, defaulting to ``$KUBEDEVICE_LOG_LEVEL`` and
+    ``$KUBEDEVICE_LOG_FORMAT``: every daemon's parser has them (the SDK's and the DRA kit's);
+    :func:`configure_logging_from_args` applies them.
+    """
     parser.add_argument(
         "--log-level",
         default=os.environ.get(ENV_LOG_LEVEL) or "info",
@@ -159,7 +177,22 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         choices=_FORMATS,
         help=f"log line format (env {ENV_LOG_FORMAT}; default text)",
     )
-    return parser
+
+
+def configure_logging_from_args(args: argparse.Namespace) -> bool:
+    """Set up logging from :func:`add_log_arguments`' flags; ``False`` (one line said on
+    stderr) when a value from the environment is not one of the choices."""
+    from kubedevice.log import configure_logging
+
+    for value, allowed, env in (
+        (args.log_level, _LEVELS, ENV_LOG_LEVEL),
+        (args.log_format, _FORMATS, ENV_LOG_FORMAT),
+    ):
+        if value not in allowed:  # a default from the environment is not checked by argparse
+            print(f"error: {env}={value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
+            return False
+    configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
+    return True
 
 
 def main(
@@ -184,16 +217,8 @@ def main(
     """
     if args is None:
         args = argument_parser().parse_args(argv)
-    from kubedevice.log import configure_logging
-
-    for value, allowed, env in (
-        (args.log_level, _LEVELS, ENV_LOG_LEVEL),
-        (args.log_format, _FORMATS, ENV_LOG_FORMAT),
-    ):
-        if value not in allowed:  # a default from the environment is not checked by argparse
-            print(f"error: {env}={value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
-            return 2
-    configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
+    if not configure_logging_from_args(args):
+        return 2
     try:
         return run(
             *plugins, device_plugin_dir=args.device_plugin_dir, metrics_address=args.metrics_address

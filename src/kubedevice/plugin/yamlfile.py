@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from kubedevice._regular_file import read_regular
 from kubedevice.errors import ConfigError
-from kubedevice.plugin.safefile import read_regular
 
 __all__ = ["MAX_EXPANDED_NODES", "HugeInt", "read_yaml"]
 
@@ -143,7 +143,8 @@ def read_yaml(path: str | Path) -> Any:
     """
     source = str(path)
     try:
-        text = read_regular(path).decode("utf-8")  # a FIFO planted there never blocks
+        # a FIFO planted there never blocks; a ConfigMap's symlinks are followed
+        text = read_regular(path, follow_symlinks=True).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
