@@ -215,6 +215,11 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # Each child works in a directory of its own, never the caller's: the kubelet deletes
+        # what its container log paths glob relative to its working directory, and the fake
+        # runtime's paths are empty (every entry of the directory would match).
+        cwd = self.log.parent / f"cwd-{self.name}"
+        cwd.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 self.argv,
@@ -223,6 +228,7 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=self.env,
+                cwd=cwd,
                 preexec_fn=_die_with_parent,
             )
 
@@ -1032,7 +1038,7 @@ def find_binaries(option: str | None, work: Path) -> Path:
     candidates = [option, os.environ.get("KUBEDEVICE_K8S_BIN")]
     for c in candidates:
         if c:
-            d = Path(c)
+            d = Path(c).resolve()  # the children run in directories of their own
             missing = [
                 b for b in BINARIES if not (d / b).is_file() and not (d / f"{b}.xz").is_file()
             ]
