@@ -193,3 +193,22 @@ async def test_a_conflict_lists_again_and_wins(
     assert meddled
     slices = api.slices(DRIVER, node_name)
     assert [len(s["spec"]["devices"]) for s in slices] == [3]
+
+
+async def test_slices_deleted_behind_the_drivers_back_come_back(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """A restarting kubelet wipes its node's slices (no delay, retried until it can read its
+    Node), possibly after the driver registered again: the periodic check republishes them,
+    with no registration or device change to prompt it."""
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+        assert srv.publisher is not None
+        srv.publisher.resync_s = 0.2
+        await asyncio.wait_for(srv.wait_published(), 30)
+        for s in api.slices(DRIVER, node_name):
+            api.call("DELETE", f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
+        assert api.slices(DRIVER, node_name) == []
+        async with asyncio.timeout(30):
+            while not api.slices(DRIVER, node_name):  # the API server has no event for us here
+                await asyncio.sleep(0.1)
+        assert [len(s["spec"]["devices"]) for s in api.slices(DRIVER, node_name)] == [2]

@@ -13,8 +13,10 @@ them). A conflict re-lists and tries again; other API errors are retried with ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -37,6 +39,14 @@ log = logging.getLogger(__name__)
 MAX_DEVICES_PER_SLICE: Final = 128
 _API_VERSION: Final = "resource.k8s.io/v1"
 _CONFLICT_RETRIES: Final = 5
+#: Seconds between checks that this driver's slices are still there and as published (a
+#: LIST with field selectors; nothing is written when they are).
+RESYNC_S: Final = 30.0
+#: Right after a (re-)registration the slices are checked this often...
+SETTLE_S: Final = 2.0
+#: ...for this many seconds: a restarting kubelet deletes every ResourceSlice of its node
+#: (no delay, retried until it can read its Node), possibly after this driver republished.
+SETTLE_FOR_S: Final = 30.0
 
 
 def device_object(device: Device) -> dict[str, Any]:
@@ -82,6 +92,11 @@ class SlicePublisher:
         self._published = asyncio.Event()
         self._node_uid: str | None = None
         self.backoff = Backoff(initial=0.5, maximum=30.0)
+        #: Seconds between checks that the slices are still as published (anyone may delete
+        #: them: a restarting kubelet wipes every slice of its node once it can read its Node,
+        #: which can be after this driver has registered again and republished).
+        self.resync_s = RESYNC_S
+        self._settle_until = 0.0
 
     def update(self, devices: Sequence[Device]) -> None:
         """New devices: publish them (soon, from :meth:`run`)."""
@@ -90,7 +105,12 @@ class SlicePublisher:
         self._dirty.set()
 
     def request(self) -> None:
-        """Reconcile again (after re-registration: the kubelet may have deleted the slices)."""
+        """Reconcile again (after re-registration: the kubelet may have deleted the slices).
+
+        For :data:`SETTLE_FOR_S` afterwards the slices are checked every :data:`SETTLE_S`
+        seconds: the restarted kubelet's wipe of its node's slices may still be on its way.
+        """
+        self._settle_until = time.monotonic() + SETTLE_FOR_S
         self._published.clear()
         self._dirty.set()
 
@@ -101,7 +121,9 @@ class SlicePublisher:
     async def run(self) -> None:
         """Reconcile on every :meth:`update`/:meth:`request`; retry failures with backoff."""
         while True:
-            await self._dirty.wait()
+            wait_s = SETTLE_S if time.monotonic() < self._settle_until else self.resync_s
+            with contextlib.suppress(TimeoutError):  # a timeout: the periodic check
+                await asyncio.wait_for(self._dirty.wait(), wait_s)
             self._dirty.clear()
             try:
                 await self.reconcile(self._devices)
