@@ -98,6 +98,7 @@ class DraDriver:
              "--cdi-dir", str(self.cdi_dir),
              "--kubeconfig", str(kubeconfig or cluster.admin_kubeconfig)],
             self.log,
+            root / "cwd",
             env={**os.environ, **(env or {})},
         )  # fmt: skip
         cluster.add_log(name, self.log)
