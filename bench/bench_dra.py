@@ -1,8 +1,8 @@
 """The DRA driver kit: NodePrepareResources latency over the socket, and publishing slices.
 
-Needs a real kube-apiserver: ``--kubeconfig FILE``, else one is started for the run with
-``shared/k8s/up.sh`` beside the checkout (etcd and the API server only, on free ports) and
-stopped after.
+Needs a real kube-apiserver: ``--kubeconfig FILE``, else etcd and one are started for the run
+from the binaries the tests use (``$KUBEDEVICE_K8S_BIN``; tests/e2e/README.md), on free
+ports, and stopped after.
 
 * ``prepare``: ``examples/dra_minimal.py`` as a process; a synchronous grpcio client calls
   NodePrepareResources (v1) with 1 and with 8 claims per call, every claim new (allocated
@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,44 +43,25 @@ from kubedevice._api.pluginregistration.v1 import api_pb2 as reg, api_pb2_grpc a
 from kubedevice.dra.kube import KubeClient
 from kubedevice.dra.server import DriverServer
 
-# ../shared/k8s beside the checkout (or beside a worktree's parent), or $KUBEDEVICE_K8S_DIR
-K8S = Path(
-    os.environ.get("KUBEDEVICE_K8S_DIR")
-    or next(
-        (
-            str(d)
-            for d in (ROOT.parent / "shared/k8s", ROOT.parent.parent / "shared/k8s")
-            if d.is_dir()
-        ),
-        "/work/shared/k8s",
-    )
-)
 EXAMPLE_DRIVER = "counter.example.com"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
 def api_server(kubeconfig: str | None) -> Iterator[Path]:
+    """``--kubeconfig``'s API server, else etcd and a kube-apiserver started for the run from
+    the binaries the tests use (``$KUBEDEVICE_K8S_BIN``; tests/e2e/README.md)."""
     if kubeconfig:
         yield Path(kubeconfig)
         return
-    state = Path(tempfile.mkdtemp(prefix="kd-bench-api-"))
-    env = {**os.environ, "WITH_SCHED": "0", "WITH_KCM": "0", "LOG_V": "0"}
-    for knob in ("API_PORT", "ETCD_PORT", "ETCD_PEER_PORT", "SCHED_PORT", "KCM_PORT"):
-        env[knob] = str(_free_port())
-    try:
-        subprocess.run(
-            [str(K8S / "up.sh"), str(state)], env=env, check=True, capture_output=True, timeout=240
-        )
-        yield state / "kubeconfig"
-    finally:
-        subprocess.run([str(K8S / "down.sh"), str(state), "--wipe"], capture_output=True)
-        shutil.rmtree(state, ignore_errors=True)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dra.conftest import api_server as start_api_server
+    from e2e.cluster import find_binaries
+
+    bin_dir = find_binaries(ROOT)
+    if bin_dir is None:
+        raise SystemExit("bench_dra: no API server: pass --kubeconfig or set KUBEDEVICE_K8S_BIN")
+    with start_api_server(bin_dir) as path:
+        yield path
 
 
 def _claims(kube: KubeClient, node: str, count: int) -> list[v1.Claim]:

@@ -2,7 +2,7 @@
 
 Brings up the end-to-end tier's cluster (``tests/e2e/cluster.py``: etcd, kube-apiserver,
 kube-scheduler, kube-controller-manager, a real kubelet with kd-fakecri; binaries from
-``$KUBEDEVICE_K8S_BIN`` or ``../shared/k8s/unpack.sh``) and measures, with
+``$KUBEDEVICE_K8S_BIN``, found as the end-to-end tier finds them) and measures, with
 ``kubedevice nvidia dra --nvml fake:dgx-8gpu`` as a real process:
 
 * driver start -> slices published: process spawn until a watch of the API server shows the

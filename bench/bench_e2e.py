@@ -17,8 +17,9 @@ harness sets ``nodeStatusUpdateFrequency: 1s`` (the kubelet's default is 10 s), 
 start figures are mostly the wait for the next update; each such change is made at a random
 phase of that period.
 
-Needs root and the binaries (``KUBEDEVICE_K8S_BIN`` or ``../shared/k8s``); without them it
-prints one line and exits 0. Runs itself in a private mount namespace (``unshare -m``) with a
+Needs root and the binaries (``KUBEDEVICE_K8S_BIN``, found as the end-to-end tier finds
+them); without them it prints one line and exits 0. Runs itself in a private mount
+namespace (``unshare -m``) with a
 tmpfs on /var/lib/kubelet/device-plugins, as ``scripts/e2e`` does.
 """
 
@@ -319,7 +320,10 @@ def main() -> None:
         return
     bin_dir = find_binaries(ROOT)
     if bin_dir is None:
-        print("bench_e2e: skipped: no Kubernetes binaries (KUBEDEVICE_K8S_BIN or ../shared/k8s)")
+        print(
+            "bench_e2e: skipped: no Kubernetes binaries "
+            "(set KUBEDEVICE_K8S_BIN; see tests/e2e/README.md)"
+        )
         return
     reexec_in_namespace()
     version = subprocess.run(

@@ -1030,7 +1030,7 @@ def host_path(path: str, work: Path, nvml: str) -> Path:
 
 
 def find_binaries(option: str | None, work: Path) -> Path:
-    """``--k8s-bin``, ``$KUBEDEVICE_K8S_BIN``, else what ``../shared/k8s/unpack.sh`` prints.
+    """The Kubernetes binaries from ``--k8s-bin``, else ``$KUBEDEVICE_K8S_BIN``.
 
     A binary there only as ``NAME.xz`` (the compressed form, small enough to carry) is
     unpacked into ``work/bin``.
@@ -1056,16 +1056,9 @@ def find_binaries(option: str | None, work: Path) -> Path:
                     shutil.copyfileobj(src, dst, 1 << 20)
                 (unpacked / b).chmod(0o755)
             return unpacked
-    for unpack in (
-        ROOT.parent / "shared/k8s/unpack.sh",
-        ROOT.parent.parent / "shared/k8s/unpack.sh",
-    ):
-        if unpack.is_file():
-            out = subprocess.run([str(unpack)], capture_output=True, text=True, timeout=300)
-            if out.returncode == 0 and out.stdout.strip():
-                return Path(out.stdout.strip().splitlines()[-1])
     raise CheckError(
-        "no Kubernetes binaries: pass --k8s-bin DIR (etcd, kube-apiserver, kubelet, kd-fakecri)"
+        "no Kubernetes binaries: pass --k8s-bin DIR or set KUBEDEVICE_K8S_BIN (etcd, "
+        "kube-apiserver, kubelet and kd-fakecri of Kubernetes v1.34 or newer)"
     )
 
 

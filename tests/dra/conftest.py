@@ -49,6 +49,16 @@ def kubeconfig() -> Iterator[Path]:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set: {HOW_TO_GET}", pytrace=False)
         pytest.skip(HOW_TO_GET)
+    with api_server(bin_dir) as path:
+        yield path
+
+
+@contextlib.contextmanager
+def api_server(bin_dir: Path) -> Iterator[Path]:
+    """etcd and a kube-apiserver (no scheduler, no kubelet) on free ports; the admin kubeconfig.
+
+    Also used by ``bench/bench_dra.py``.
+    """
     work = Path(tempfile.mkdtemp(prefix="kd-dra-api-"))
     procs: list[Process] = []
     try:
