@@ -196,19 +196,30 @@ async def test_a_conflict_lists_again_and_wins(
 
 
 async def test_slices_deleted_behind_the_drivers_back_come_back(
-    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A restarting kubelet wipes its node's slices (no delay, retried until it can read its
     Node), possibly after the driver registered again: the periodic check republishes them,
     with no registration or device change to prompt it."""
-    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
-        assert srv.publisher is not None
-        srv.publisher.resync_s = 0.2
-        await asyncio.wait_for(srv.wait_published(), 30)
-        for s in api.slices(DRIVER, node_name):
-            api.call("DELETE", f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
-        assert api.slices(DRIVER, node_name) == []
-        async with asyncio.timeout(30):
-            while not api.slices(DRIVER, node_name):  # the API server has no event for us here
-                await asyncio.sleep(0.1)
-        assert [len(s["spec"]["devices"]) for s in api.slices(DRIVER, node_name)] == [2]
+    caplog.set_level(logging.INFO, logger="kubedevice.dra.slices")
+    republished = asyncio.Event()
+
+    class _Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "generation 2" in record.getMessage():  # written again, nothing else changed
+                republished.set()
+
+    seen = _Seen()
+    logging.getLogger("kubedevice.dra.slices").addHandler(seen)
+    try:
+        async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+            assert srv.publisher is not None
+            srv.publisher.resync_s = 0.2
+            await asyncio.wait_for(srv.wait_published(), 30)
+            for s in api.slices(DRIVER, node_name):
+                api.call("DELETE", f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
+            assert api.slices(DRIVER, node_name) == []
+            await asyncio.wait_for(republished.wait(), 30)
+            assert [len(s["spec"]["devices"]) for s in api.slices(DRIVER, node_name)] == [2]
+    finally:
+        logging.getLogger("kubedevice.dra.slices").removeHandler(seen)
