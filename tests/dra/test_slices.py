@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,7 @@ async def test_api_errors_are_retried_not_fatal(
     kdir: Path, kubeconfig: Path, api: Api, caplog: pytest.LogCaptureFixture
 ) -> None:
     # the Node does not exist yet: the owner reference cannot be made; retried, logged
-    node_name = "node-late-" + kdir.name.lower().replace("_", "-")[-6:]
+    node_name = f"node-late-{uuid.uuid4().hex[:8]}"  # a valid DNS name whatever the temp dir
     failed = asyncio.Event()
 
     class _Seen(logging.Handler):
