@@ -42,7 +42,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -265,9 +264,10 @@ def tail(path: Path, lines: int = 20) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port outside the ephemeral range (kubedevice.ports; imported once src/ is on the path)."""
+    from kubedevice.ports import free_port as pick
+
+    return pick()
 
 
 def poll(what: str, check: Callable[[], bool], timeout: float, procs: list[Proc]) -> None:

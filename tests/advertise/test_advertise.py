@@ -25,6 +25,7 @@ import yaml
 
 from kubedevice.advertise import build_patch, escape_pointer
 from kubedevice.errors import ConfigError
+from kubedevice.ports import free_port
 
 TOKEN = "t0ken-for-tests"
 
@@ -350,9 +351,7 @@ def test_bad_arguments_exit_2_before_any_request(
 
 
 def test_unreachable_api_server(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     proc = _run(tmp_path, f"http://127.0.0.1:{port}", "n1", "example.com/foo=1")
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()

@@ -36,6 +36,8 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from kubedevice.ports import free_port
+
 NODE = "kd-node"
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCK = DEVICE_PLUGIN_DIR / "kubelet.sock"
@@ -75,13 +77,6 @@ def find_binaries(repo_root: Path) -> Path | None:
         raise ClusterError(f"{unpack} failed: {out.stderr.strip()}")
     d = Path(out.stdout.strip().splitlines()[-1])
     return d if all((d / b).is_file() for b in BINARIES) else None
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def unix_socket_answers(path: Path) -> bool:

@@ -54,6 +54,17 @@ async def stub_for(server: kubedevice.PluginServer) -> AsyncIterator[object]:
         await channel.close()
 
 
+def _grpc_status_waiter(task: asyncio.Task[object]) -> bool:
+    """grpcio's own client-side status task, which channel.close() can leave pending.
+
+    A known grpcio bug (grpc/grpc#41875): the task waits for a status the closed
+    channel never delivers. It belongs to grpcio, not to the code under test, and
+    nothing outside grpcio can end it; it was seen once in about 1,200 tests.
+    """
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", "") == "_AioCall._handle_status_once_received"
+
+
 @pytest.fixture(autouse=True)
 async def _no_leaked_tasks() -> AsyncIterator[None]:
     """Every task a test's servers and plugins started is gone when the test ends.
@@ -65,7 +76,9 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     before = asyncio.all_tasks()
     yield
     left = {
-        t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
+        t
+        for t in asyncio.all_tasks() - before
+        if t is not asyncio.current_task() and not t.done() and not _grpc_status_waiter(t)
     }
     if left:
         _, left = await asyncio.wait(left, timeout=5)

@@ -529,12 +529,11 @@ async def test_bad_snapshots_and_failing_source_keep_last_list(
 
 
 async def test_metrics_over_http(kubelet: KubeletDouble, sock_dir: Path) -> None:
-    import socket
     import urllib.request
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from kubedevice.ports import free_port
+
+    port = free_port()
     async with kubedevice.PluginServer(sock_dir, metrics_address=f"127.0.0.1:{port}") as server:
         await server.add(StaticPlugin(devs(2)))
         await server.wait_registered(RES, timeout=10)

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from kubedevice.generic.fake import FakeHost
 from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.render import node_text, pods_table, runtime_text
 from kubedevice.kubelet.types import RegistrationEvent
+from kubedevice.ports import free_port
 
 __all__ = [
     "DemoError",
@@ -221,13 +221,6 @@ def check_plugin_exit(result: DemoResult, log_path: Path) -> None:
     if result.plugin_exit_code != 0:
         tail = log_path.read_text(errors="replace")[-2000:]
         raise DemoError(f"plugin exited with {result.plugin_exit_code}; its log:\n{tail}")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(url: str) -> str:
