@@ -1,43 +1,32 @@
 """A gRPC server on a Unix socket of mode 0600, for the kit's two sockets.
 
-gRPC binds under a temporary name (umask 0177) that is hard-linked into place and then
-dropped, so the socket appears at its path with its final mode; a stale socket at the path
-is replaced, anything else there (a file, a directory, a symlink) is refused. Only the
-socket we bound is ever removed.
+The socket is put in place as the device-plugin server's is (:mod:`kubedevice.plugin.unixsock`);
+a stale socket at the path is replaced, anything else there (a file, a directory, a symlink)
+is refused. Only the socket we bound is ever removed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import itertools
 import logging
-import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
 
 import grpc
 
 from kubedevice.errors import PluginServerError
+from kubedevice.plugin.unixsock import (
+    SocketIdentity,
+    bind_in_place,
+    check_path_length,
+    socket_identity,
+    temp_path,
+)
 
-__all__ = ["MAX_SOCKET_PATH_BYTES", "UnixGrpcServer"]
+__all__ = ["UnixGrpcServer"]
 
 log = logging.getLogger(__name__)
-
-#: sun_path is 108 bytes on Linux, with the terminating NUL.
-MAX_SOCKET_PATH_BYTES: Final = 107
-_NO_HARD_LINKS: Final = (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK)
-_names = itertools.count()
-
-
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns) if stat.S_ISSOCK(st.st_mode) else None
 
 
 class UnixGrpcServer:
@@ -52,12 +41,12 @@ class UnixGrpcServer:
         self.path = path
         self._add = add
         self._server: grpc.aio.Server | None = None
-        self._bound: tuple[int, int, int] | None = None
+        self._bound: SocketIdentity | None = None
 
     @property
     def serving(self) -> bool:
         """Whether our socket is still at its path."""
-        return self._bound is not None and _identity(self.path) == self._bound
+        return self._bound is not None and socket_identity(self.path) == self._bound
 
     async def start(self) -> None:
         """Bind and serve (stopping a previous server of ours first).
@@ -67,12 +56,8 @@ class UnixGrpcServer:
         """
         await self.stop()
         path = self.path
-        tmp = path.with_name(f".kd-{os.getpid()}-{next(_names)}.sock")
-        if len(os.fsencode(tmp)) > MAX_SOCKET_PATH_BYTES:
-            raise PluginServerError(
-                f"socket path {tmp} is longer than {MAX_SOCKET_PATH_BYTES} bytes; use a "
-                "shorter kubelet directory or driver name"
-            )
+        tmp = temp_path(path)
+        check_path_length(tmp, hint="use a shorter kubelet directory or driver name")
         try:
             path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             st = path.lstat()
@@ -84,33 +69,11 @@ class UnixGrpcServer:
             raise PluginServerError(f"{path} exists and is not a socket; refusing to remove it")
         server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
         self._add(server)
-        old_umask = os.umask(0o177)
         try:
-            port = server.add_insecure_port(f"unix:{tmp}")
-        except RuntimeError as exc:
-            raise PluginServerError(f"cannot listen on {path}: {exc}") from None
-        finally:
-            os.umask(old_umask)
-        if not port:
-            raise PluginServerError(f"cannot listen on {path}")
-        try:
-            os.chmod(tmp, 0o600)
-            if st is not None and _identity(path) is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()  # a stale socket (of a previous run)
-            try:
-                os.link(tmp, path)
-            except OSError as exc:
-                if exc.errno not in _NO_HARD_LINKS:
-                    raise
-                os.rename(tmp, path)
-        except OSError as exc:
+            self._bound = bind_in_place(server, path, tmp, replace=st is not None)
+        except PluginServerError:
             await server.stop(None)
-            raise PluginServerError(f"cannot serve on {path}: {exc}") from None
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        self._bound = _identity(path)
+            raise
         self._server = server
         await server.start()
         log.debug("serving on %s", path)
@@ -119,7 +82,7 @@ class UnixGrpcServer:
         """Stop serving and remove our socket (only ours). Idempotent."""
         server, self._server = self._server, None
         bound, self._bound = self._bound, None
-        if bound is not None and _identity(self.path) == bound:
+        if bound is not None and socket_identity(self.path) == bound:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
         if server is not None:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import enum
 import errno
-import itertools
 import logging
 import os
 import socket
@@ -27,7 +26,6 @@ from kubedevice._api import KUBELET_MAX_RECV_MESSAGE_BYTES, KUBELET_SOCKET
 from kubedevice.errors import ConfigError, KubeDeviceError, PluginServerError
 from kubedevice.plugin.base import DevicePlugin
 from kubedevice.plugin.config import (
-    MAX_SOCKET_PATH_BYTES,
     resolve_device_plugin_dir,
     validate_socket_name,
 )
@@ -35,6 +33,13 @@ from kubedevice.plugin.daemon import serve_metrics
 from kubedevice.plugin.hooks import check_hooks, device_snapshots
 from kubedevice.plugin.registration import Backoff, KubeletChannels, register
 from kubedevice.plugin.servicer import HOOK_ERRORS, DeviceTable, make_handler
+from kubedevice.plugin.unixsock import (
+    SocketWiped,
+    bind_in_place,
+    check_path_length,
+    socket_identity,
+    temp_path,
+)
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
 if TYPE_CHECKING:
@@ -59,8 +64,7 @@ class _Phase(enum.Enum):
     REGISTERED = "registered"
 
 
-_TMP_NAMES = itertools.count()
-_NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK)
+_PATH_HINT = "use a shorter device plugin directory or socket name"
 
 
 def _answers(path: Path) -> bool:
@@ -73,39 +77,6 @@ def _answers(path: Path) -> bool:
 
 async def _starting(path: Path) -> None:
     """Called after our socket is in place and before its gRPC server starts (a test seam)."""
-
-
-def _inode(path: Path) -> tuple[int, int, int] | None:
-    """Identity of the socket at ``path``, or None if there is no socket.
-
-    Device and inode number, plus the modification time because inode numbers are reused.
-    Not the change time: chmod, chown, an SELinux relabel or a rename change that, and
-    mistaking one for a re-created ``kubelet.sock`` means a second Register to the same
-    kubelet, which released kubelets answer by dropping us (kubernetes#121994).
-    """
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns) if stat.S_ISSOCK(st.st_mode) else None
-
-
-class _SocketWiped(PluginServerError):
-    """Our temporary socket was deleted between bind and link (a kubelet restarting)."""
-
-
-def _tmp_path(path: Path, n: int) -> Path:
-    """The temporary name gRPC binds under before the socket is linked to ``path``."""
-    return path.with_name(f".kd-{os.getpid()}-{n}.sock")
-
-
-def _check_path_length(*paths: Path) -> None:
-    for candidate in paths:
-        if len(os.fsencode(candidate)) > MAX_SOCKET_PATH_BYTES:
-            raise PluginServerError(
-                f"socket path {candidate} is longer than {MAX_SOCKET_PATH_BYTES} bytes; "
-                "use a shorter device plugin directory or socket name"
-            )
 
 
 async def _stop_http(http: Any) -> None:
@@ -215,8 +186,8 @@ class _Runtime:
                 fails with :class:`PluginServerError`.
         """
         path = self.socket_path
-        tmp = _tmp_path(path, next(_TMP_NAMES))
-        _check_path_length(path, tmp)
+        tmp = temp_path(path)
+        check_path_length(path, tmp, hint=_PATH_HINT)
         replace = False
         try:
             st = path.lstat()
@@ -242,43 +213,11 @@ class _Runtime:
         server.add_generic_rpc_handlers(
             (make_handler(self.plugin, self.table, self.server.metrics),)
         )
-        old_umask = os.umask(0o177)
         try:
-            port = server.add_insecure_port(f"unix:{tmp}")
-        except RuntimeError as exc:
-            raise PluginServerError(f"cannot listen on {path}: {exc}") from exc
-        finally:
-            os.umask(old_umask)
-        if not port:
-            raise PluginServerError(f"cannot listen on {path}")
-        try:
-            os.chmod(tmp, 0o600)
-            bound = _inode(tmp)  # the link below shares it: the identity of our socket
-            if replace and _inode(path) is not None:  # still a socket: remove it, nothing else
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-            # link, not rename: whatever appeared at the path meanwhile is never replaced.
-            try:
-                os.link(tmp, path)
-            except OSError as exc:
-                if exc.errno not in _NO_HARD_LINKS:
-                    raise
-                os.rename(tmp, path)  # a file system without hard links
-        except OSError as exc:
+            bound = bind_in_place(server, path, tmp, replace=replace)
+        except PluginServerError:
             await server.stop(None)
-            if exc.errno == errno.EEXIST:
-                raise PluginServerError(
-                    f"{path} appeared while we were binding; refusing to replace it"
-                ) from exc
-            if exc.errno == errno.ENOENT and _inode(tmp) is None:
-                raise _SocketWiped(
-                    f"our new socket for {path} was removed while we were binding (the "
-                    "kubelet cleaning its directory as it restarts?)"
-                ) from exc
             raise
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
         self._bound_ino = bound
         self._grpc = server  # before the await: a cancelled start still gets stopped
         await _starting(path)
@@ -294,7 +233,7 @@ class _Runtime:
         self.table.close()
         bound, self._bound_ino = self._bound_ino, None
         # Remove our socket, and only ours: another process may have put its own there.
-        if bound is not None and _inode(self.socket_path) == bound:
+        if bound is not None and socket_identity(self.socket_path) == bound:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
         if server is not None:
@@ -362,7 +301,7 @@ class _Runtime:
                 except KubeDeviceError as exc:
                     delay = backoff.next_delay()
                     # A socket wiped by a restarting kubelet is routine, not an error.
-                    level = logging.WARNING if isinstance(exc, _SocketWiped) else logging.ERROR
+                    level = logging.WARNING if isinstance(exc, SocketWiped) else logging.ERROR
                     log.log(level, "%s; retrying in %.1f s", exc, delay, extra=self.extra)
                     await self._wait(self._kubelet_changed, delay)
                     continue
@@ -383,7 +322,7 @@ class _Runtime:
         failed_at: tuple[int, int, int] | None = None  # the kubelet.sock the last failure hit
         while not self._restart.is_set():
             self._kubelet_changed.clear()
-            if self._bound_ino is None or _inode(self.socket_path) != self._bound_ino:
+            if self._bound_ino is None or socket_identity(self.socket_path) != self._bound_ino:
                 # Whatever happened to the event: the kubelet could never dial us back.
                 log.warning(
                     "our socket %s is gone or replaced; serving on a fresh one",
@@ -391,7 +330,7 @@ class _Runtime:
                     extra=self.extra,
                 )
                 return False
-            ino = _inode(self.kubelet_socket)
+            ino = socket_identity(self.kubelet_socket)
             if ino is None:
                 if not waiting_logged:
                     log.info(
@@ -475,13 +414,13 @@ class _Runtime:
 
     def on_socket_event(self) -> None:
         self._kubelet_changed.set()  # a socket that blocked a re-serve may be gone
-        if self._phase is not _Phase.IDLE and _inode(self.socket_path) != self._bound_ino:
+        if self._phase is not _Phase.IDLE and socket_identity(self.socket_path) != self._bound_ino:
             self._request_restart(f"our socket {self.socket_path} was removed (kubelet restart?)")
 
     def on_kubelet_event(self) -> None:
         self._kubelet_changed.set()
         if self._phase is _Phase.REGISTERED:
-            ino = _inode(self.kubelet_socket)
+            ino = socket_identity(self.kubelet_socket)
             if ino is not None and ino != self._kubelet_ino:
                 self._request_restart(f"{self.kubelet_socket} was re-created (kubelet restart)")
 
@@ -508,7 +447,7 @@ class _Runtime:
             self._phase is not _Phase.REGISTERED
             or self.count != count
             or self._kubelet_stream != sid
-            or _inode(self.kubelet_socket) is None
+            or socket_identity(self.kubelet_socket) is None
         ):
             return
         reopened = sorted(i for i in self.table.open_ids if i > served_at_close)
@@ -691,7 +630,7 @@ class PluginServer:
         socket_name = validate_socket_name(plugin.effective_socket_name())
         check_hooks(plugin)
         path = self.device_plugin_dir / socket_name
-        _check_path_length(path, _tmp_path(path, 0))
+        check_path_length(path, temp_path(path), hint=_PATH_HINT)
         return resource, socket_name
 
     async def add(self, plugin: DevicePlugin) -> None:
