@@ -54,10 +54,11 @@ def kubeconfig() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def api_server(bin_dir: Path) -> Iterator[Path]:
+def api_server(bin_dir: Path, *extra_args: str) -> Iterator[Path]:
     """etcd and a kube-apiserver (no scheduler, no kubelet) on free ports; the admin kubeconfig.
 
-    Also used by ``bench/bench_dra.py``.
+    ``extra_args`` go to kube-apiserver (``--feature-gates=...``). Also used by
+    ``bench/bench_dra.py``.
     """
     work = Path(tempfile.mkdtemp(prefix="kd-dra-api-"))
     procs: list[Process] = []
@@ -89,6 +90,7 @@ def api_server(bin_dir: Path) -> Iterator[Path]:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--endpoint-reconciler-type=none", "--profiling=false", "--v=0",
+                *extra_args,
             ],
             work / "kube-apiserver.log",
             work / "cwd" / "kube-apiserver",

@@ -8,10 +8,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from e2e.cluster import find_binaries
 
 import kubedevice.dra as dra
 from dra import clients
 from dra.api import RESOURCE, Api
+from dra.conftest import REPO, api_server
 from dra.fakes import DRIVER, FakeDriver, gpus, server
 
 pytestmark = pytest.mark.timeout(90)
@@ -74,12 +76,13 @@ async def test_devices_published_in_chunks_of_128_with_types_and_owner(
         await asyncio.sleep(0)  # let the device list reach the publisher
         await asyncio.wait_for(srv.wait_published(), 30)
         slices = api.slices(DRIVER, node_name)
-        assert [len(s["spec"]["devices"]) for s in slices] == [128, 1]
+        # a slice with a tainted device holds at most 64 (the API server's limit)
+        assert [len(s["spec"]["devices"]) for s in slices] == [64, 66]
         assert {s["spec"]["pool"]["generation"] for s in slices} == {2}
         assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
-        names = {d["name"] for s in slices for d in s["spec"]["devices"]}
-        assert "gpu-5" not in names
-        assert len(names) == 129
+        tainted = {d["name"] for s in slices for d in s["spec"]["devices"] if d.get("taints")}
+        assert tainted == {"gpu-5"}
+        assert len({d["name"] for s in slices for d in s["spec"]["devices"]}) == 130
 
 
 async def test_start_adopts_updates_and_deletes_stale_but_not_others(
@@ -224,3 +227,105 @@ async def test_slices_deleted_behind_the_drivers_back_come_back(
             assert [len(s["spec"]["devices"]) for s in api.slices(DRIVER, node_name)] == [2]
     finally:
         logging.getLogger("kubedevice.dra.slices").removeHandler(seen)
+
+
+def _taints(api: Api, node: str) -> dict[str, list[dict]]:
+    return {
+        d["name"]: d.get("taints", [])
+        for s in api.slices(DRIVER, node)
+        for d in s["spec"]["devices"]
+    }
+
+
+async def test_unhealthy_devices_are_tainted_keeping_the_time_they_were_first_tainted(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    # a slice of an earlier run of this driver: gpu-1 tainted since 2020, gpu-0 out of date
+    earlier = _foreign_slice(f"{node_name}-{DRIVER}-0", DRIVER, node_name)
+    old_taint = {
+        "key": f"{DRIVER}/unhealthy",
+        "value": "Unhealthy",
+        "effect": "NoSchedule",
+        "timeAdded": "2020-01-02T03:04:05Z",
+    }
+    earlier["spec"]["devices"] = [{"name": "gpu-0"}, {"name": "gpu-1", "taints": [old_taint]}]
+    api.call("POST", f"{RESOURCE}/resourceslices", earlier)
+    driver = FakeDriver(gpus(3, unhealthy=[1]))
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        assert srv.publisher is not None
+        taints = _taints(api, node_name)
+        assert taints == {"gpu-0": [], "gpu-1": [old_taint], "gpu-2": []}
+        writes = srv.publisher.writes
+
+        # nothing changed: a reconcile writes nothing (the server's timeAdded is not a change)
+        srv.publisher.request()
+        await asyncio.wait_for(srv.publisher.wait_published(), 30)
+        assert srv.publisher.writes == writes
+
+        # gpu-2 turns unhealthy too: tainted now, gpu-1 keeps its time
+        driver.snapshots.put_nowait(gpus(3, unhealthy=[1, 2]))
+        await asyncio.sleep(0)  # let the device list reach the publisher
+        await asyncio.wait_for(srv.wait_published(), 30)
+        taints = _taints(api, node_name)
+        assert taints["gpu-1"] == [old_taint]
+        [new] = taints["gpu-2"]
+        assert new["key"] == f"{DRIVER}/unhealthy"
+        assert new["effect"] == "NoSchedule"
+        assert new["timeAdded"] != old_taint["timeAdded"]
+
+        # all healthy again: no taint left
+        driver.snapshots.put_nowait(gpus(3))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(srv.wait_published(), 30)
+        assert _taints(api, node_name) == {"gpu-0": [], "gpu-1": [], "gpu-2": []}
+
+
+async def test_without_device_taints_in_the_api_server_unhealthy_devices_are_left_out(
+    kdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bin_dir = find_binaries(REPO)
+    if bin_dir is None:
+        pytest.skip("no Kubernetes binaries (see tests/dra/conftest.py)")
+    with api_server(bin_dir, "--feature-gates=DRADeviceTaints=false") as kubeconfig:
+        api = Api(kubeconfig)
+        node = f"node-{uuid.uuid4().hex[:8]}"
+        api.call("POST", "/api/v1/nodes", {"metadata": {"name": node}})
+        driver = FakeDriver(gpus(3, unhealthy=[1]))
+        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.slices"):
+            async with server(driver, kdir, kubeconfig, node) as srv:
+                await asyncio.wait_for(srv.wait_published(), 30)
+                assert srv.publisher is not None
+                assert not srv.publisher.taints_supported
+                assert _taints(api, node) == {"gpu-0": [], "gpu-2": []}
+                driver.snapshots.put_nowait(gpus(3))  # back: published again
+                await asyncio.sleep(0)
+                await asyncio.wait_for(srv.wait_published(), 30)
+                assert _taints(api, node) == {"gpu-0": [], "gpu-1": [], "gpu-2": []}
+        [warning] = [r.getMessage() for r in caplog.records if "taints" in r.getMessage()]
+        assert "DRADeviceTaints" in warning
+        assert "left out" in warning
+
+
+@pytest.mark.parametrize(
+    ("tainted", "count", "sizes"),
+    [
+        ((), 0, [0]),
+        ((), 128, [128]),
+        ((), 129, [128, 1]),
+        ((0,), 65, [64, 1]),
+        ((100,), 300, [100, 64, 128, 8]),
+        ((127, 128), 256, [127, 64, 65]),
+    ],
+)
+def test_slices_with_a_tainted_device_hold_at_most_64(
+    tainted: tuple[int, ...], count: int, sizes: list[int]
+) -> None:
+    from kubedevice.dra.slices import _chunks, device_object
+
+    devices = [device_object(d, "x.io/unhealthy") for d in gpus(count, unhealthy=tainted)]
+    chunks = _chunks(devices)
+    assert [len(c) for c in chunks] == sizes
+    assert [d for c in chunks for d in c] == devices  # in order, none lost
+    for c in chunks:
+        assert len(c) <= (64 if any(d.get("taints") for d in c) else 128)

@@ -230,11 +230,12 @@ def wait_slices(
     what: str,
     timeout: float = 30,
 ) -> set[str]:
-    """Watch the ResourceSlices until the names of the driver's devices satisfy ``predicate``."""
+    """Watch the ResourceSlices until the names of the driver's schedulable devices (those
+    without a taint) satisfy ``predicate``."""
     api = resource_api(cluster)
 
     def names() -> set[str]:
-        return set(slice_devices(cluster, driver))
+        return {n for n, d in slice_devices(cluster, driver).items() if not d.taints}
 
     if predicate(names()):
         return names()

@@ -31,6 +31,7 @@ from .dra import (
     release,
     request,
     run_claim_pod,
+    slice_devices,
     wait_file,
     wait_slices,
     wait_unschedulable,
@@ -184,15 +185,19 @@ def test_kubelet_restart_registers_again(
         wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "still 8 GPUs")
 
 
-def test_a_lost_gpu_leaves_the_slices_and_is_not_allocated(
+def test_a_lost_gpu_is_tainted_and_not_allocated(
     cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
 ) -> None:
     drv = gpu_dra()
     wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
     lost = drv.uuids[1]
     drv.send({"op": "lost", "uuid": lost})
-    names = wait_slices(cluster, DRIVER, lambda n: "gpu-1" not in n, "gpu-1 gone")
+    names = wait_slices(cluster, DRIVER, lambda n: "gpu-1" not in n, "gpu-1 tainted")
     assert names == {f"gpu-{i}" for i in range(8)} - {"gpu-1"}
+    [taint] = slice_devices(cluster, DRIVER)["gpu-1"].taints  # still published, tainted
+    assert (taint.key, taint.value) == (f"{DRIVER}/unhealthy", "Unhealthy")
+    assert taint.effect == "NoSchedule"
+    assert taint.time_added is not None
     with device_class(cluster, IS_GPU) as cls:
         create_template(
             cluster,
@@ -408,7 +413,7 @@ def test_an_xid_on_an_allocated_gpu_reaches_the_pod_status(
         [name] = allocated(pod_claim(cluster, ns, "p"))
         uuid = drv.uuids[int(name.removeprefix("gpu-"))]
         drv.send({"op": "xid", "uuid": uuid, "xid": 79})
-        wait_slices(cluster, DRIVER, lambda n: name not in n, f"{name} out of the slices")
+        wait_slices(cluster, DRIVER, lambda n: name not in n, f"{name} tainted")
 
         def unhealthy(p: Any) -> bool:
             for status in p.status.container_statuses or []:

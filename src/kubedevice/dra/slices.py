@@ -1,13 +1,17 @@
 """Publishing the driver's devices as the ResourceSlices (resource.k8s.io/v1) of one pool.
 
-One pool per node, named after the node; at most 128 devices per slice; every slice has
-``spec.driver``, ``spec.nodeName``, the pool's generation and slice count, and an owner
-reference to the Node (so the slices go with it). :meth:`SlicePublisher.reconcile` lists
-this driver's slices on this node (field selectors), adopts them, updates them when the
-devices differ (the generation grows by one on every change), creates what is missing
-and deletes what is stale. Unhealthy devices are left out (nothing new is allocated on
-them). A conflict re-lists and tries again; other API errors are retried with backoff by
-:meth:`SlicePublisher.run` and logged, never fatal.
+One pool per node, named after the node; at most 128 devices per slice (64 in a slice with a
+tainted device); every slice has ``spec.driver``, ``spec.nodeName``, the pool's generation
+and slice count, and an owner reference to the Node (so the slices go with it).
+:meth:`SlicePublisher.reconcile` lists this driver's slices on this node (field selectors),
+adopts them, updates them when the devices differ (the generation grows by one on every
+change), creates what is missing and deletes what is stale. A device that is not healthy
+is published with a ``NoSchedule`` taint ``<driver>/unhealthy`` (the scheduler allocates it
+to no new claim unless one tolerates the taint; it stays visible, and allocated claims keep
+it); where the API server drops device taints (its ``DRADeviceTaints`` feature gate off),
+such devices are left out of the slices instead, with one warning. A conflict re-lists and
+tries again; other API errors are retried with backoff by :meth:`SlicePublisher.run` and
+logged, never fatal.
 """
 
 from __future__ import annotations
@@ -27,16 +31,20 @@ from kubedevice.plugin.registration import Backoff
 
 __all__ = [
     "MAX_DEVICES_PER_SLICE",
+    "MAX_TAINTED_DEVICES_PER_SLICE",
     "SlicePublisher",
     "delete_slices",
     "device_object",
     "slice_name",
+    "unhealthy_taint_key",
 ]
 
 log = logging.getLogger(__name__)
 
 #: resource.k8s.io/v1: at most 128 devices in one ResourceSlice.
 MAX_DEVICES_PER_SLICE: Final = 128
+#: ...and at most 64 in one that has a device with taints.
+MAX_TAINTED_DEVICES_PER_SLICE: Final = 64
 _API_VERSION: Final = "resource.k8s.io/v1"
 _CONFLICT_RETRIES: Final = 5
 #: Seconds between checks that this driver's slices are still there and as published (a
@@ -49,14 +57,76 @@ SETTLE_S: Final = 2.0
 SETTLE_FOR_S: Final = 30.0
 
 
-def device_object(device: Device) -> dict[str, Any]:
-    """``device`` as a ResourceSlice device (JSON)."""
+def device_object(device: Device, taint_key: str | None = None) -> dict[str, Any]:
+    """``device`` as a ResourceSlice device (JSON); tainted with ``taint_key`` if not healthy."""
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
         out["attributes"] = {key: _attribute(v) for key, v in device.attributes.items()}
     if device.capacity:
         out["capacity"] = {key: {"value": str(v)} for key, v in device.capacity.items()}
+    if taint_key is not None and device.health != Health.HEALTHY:
+        out["taints"] = [{"key": taint_key, "value": str(device.health), "effect": "NoSchedule"}]
     return out
+
+
+def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``devices`` in slice-sized runs, in order: at most 128 to a slice, or 64 in a slice
+    that has a tainted device (the API server's limits)."""
+    chunks: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    tainted = False
+    for device in devices:
+        taints = bool(device.get("taints"))
+        limit = MAX_TAINTED_DEVICES_PER_SLICE if tainted or taints else MAX_DEVICES_PER_SLICE
+        if len(current) >= limit:
+            chunks.append(current)
+            current, tainted = [], False
+        current.append(device)
+        tainted = tainted or taints
+    chunks.append(current)
+    return chunks
+
+
+def unhealthy_taint_key(driver: str) -> str:
+    """The key of the taint on this driver's devices that are not healthy."""
+    return f"{driver}/unhealthy"
+
+
+def _without_times(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``devices`` as published, less the ``timeAdded`` the API server puts on each taint."""
+    out = []
+    for d in devices:
+        taints = d.get("taints")
+        if taints:
+            d = {**d, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in taints]}
+        out.append(d)
+    return out
+
+
+def _keep_times(chunk: list[dict[str, Any]], current: dict[str, Any] | None) -> None:
+    """Give each taint in ``chunk`` the ``timeAdded`` it already has in ``current``."""
+    if current is None:
+        return
+    added = {
+        (d.get("name"), t.get("key"), t.get("effect")): t["timeAdded"]
+        for d in current.get("spec", {}).get("devices") or []
+        for t in d.get("taints") or []
+        if t.get("timeAdded")
+    }
+    for d in chunk:
+        for t in d.get("taints", ()):
+            when = added.get((d["name"], t["key"], t["effect"]))
+            if when is not None:
+                t["timeAdded"] = when
+
+
+def _taints_dropped(sent: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether the API server stored ``sent`` without the taints it carried."""
+    wanted = {d["name"] for d in sent["spec"]["devices"] if d.get("taints")}
+    if not wanted:
+        return False
+    kept = {d.get("name") for d in stored.get("spec", {}).get("devices") or [] if d.get("taints")}
+    return not wanted <= kept
 
 
 def _attribute(value: object) -> dict[str, Any]:
@@ -85,6 +155,9 @@ class SlicePublisher:
         self.kube = kube
         self.driver = driver
         self.node = node
+        #: Unhealthy devices are published tainted until the API server is seen dropping
+        #: the taints; then they are left out.
+        self.taints_supported = True
         self.generation = 0
         self.writes = 0  # slices created, replaced or deleted (for benchmarks and tests)
         self._devices: tuple[Device, ...] = ()
@@ -165,11 +238,12 @@ class SlicePublisher:
             s["metadata"]["name"]: s
             for s in await asyncio.to_thread(self.kube.list_slices, self.driver, self.node)
         }
-        healthy = [device_object(d) for d in devices if d.health == Health.HEALTHY]
-        chunks = [
-            healthy[i : i + MAX_DEVICES_PER_SLICE]
-            for i in range(0, len(healthy), MAX_DEVICES_PER_SLICE)
-        ] or [[]]
+        if self.taints_supported:
+            key = unhealthy_taint_key(self.driver)
+            published = [device_object(d, key) for d in devices]
+        else:
+            published = [device_object(d) for d in devices if d.health == Health.HEALTHY]
+        chunks = _chunks(published)
         wanted = {slice_name(self.driver, self.node, i): c for i, c in enumerate(chunks)}
         generations = [
             int(s.get("spec", {}).get("pool", {}).get("generation", 0)) for s in existing.values()
@@ -179,23 +253,38 @@ class SlicePublisher:
             log.debug("ResourceSlices up to date (generation %d)", self.generation)
             return
         self.generation = max([self.generation, *generations]) + 1
+        dropped = False
         for name, chunk in wanted.items():
-            body = self._slice(name, chunk, len(wanted))
             current = existing.get(name)
+            _keep_times(chunk, current)
+            body = self._slice(name, chunk, len(wanted))
             if current is None:
-                await asyncio.to_thread(self.kube.create_slice, body)
+                stored = await asyncio.to_thread(self.kube.create_slice, body)
             else:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                await asyncio.to_thread(self.kube.replace_slice, body)
+                stored = await asyncio.to_thread(self.kube.replace_slice, body)
             self.writes += 1
+            dropped = dropped or _taints_dropped(body, stored)
         for name, stale in existing.items():
             if name not in wanted:
                 version = stale["metadata"].get("resourceVersion")
                 await asyncio.to_thread(self.kube.delete_slice, name, version)
                 self.writes += 1
+        if dropped:
+            self.taints_supported = False
+            log.warning(
+                "the API server dropped the device taints (its DRADeviceTaints feature gate "
+                "is off?): devices that are not healthy are left out of the ResourceSlices "
+                "instead"
+            )
+            await self._reconcile_once(devices)
+            return
+        tainted = sum(1 for d in published if d.get("taints"))
         log.info(
-            "published %d devices in %d ResourceSlices (pool %s, generation %d)",
-            len(healthy),
+            "published %d devices (%d tainted unhealthy) in %d ResourceSlices (pool %s, "
+            "generation %d)",
+            len(published),
+            tainted,
             len(wanted),
             self.node,
             self.generation,
@@ -214,7 +303,7 @@ class SlicePublisher:
             pool = spec.get("pool", {})
             owners = existing[name]["metadata"].get("ownerReferences") or []
             if (
-                (spec.get("devices") or []) != chunk
+                _without_times(spec.get("devices") or []) != chunk
                 or pool.get("name") != self.node
                 or pool.get("resourceSliceCount") != len(wanted)
                 or not any(o.get("uid") == self._node_uid for o in owners)

@@ -173,8 +173,9 @@ class Device:
             (CEL: ``device.attributes["<driver>"].model``); a qualified one
             (``resource.kubernetes.io/pciBusID``) keeps its domain.
         capacity: Capacities as quantities (``{"memory": "80Gi"}``).
-        health: Unhealthy devices are left out of the slices (no new allocation) and
-            reported on the health stream.
+        health: A device that is not healthy is published with a ``NoSchedule`` taint
+            ``<driver>/unhealthy`` (no new allocation unless tolerated), or left out where
+            the API server drops device taints, and reported on the health stream.
         edits: What a container using the device gets, unless the driver's ``prepare``
             hook says otherwise (the default hook uses these).
     """

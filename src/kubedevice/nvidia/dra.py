@@ -3,8 +3,9 @@
 :class:`GpuDraDriver` starts NVML, publishes every GPU (or MIG device, by ``migStrategy``)
 with NVIDIA's attribute names (:mod:`kubedevice.nvidia.dra_devices`), runs the same XID
 health policies as the device plugin (:class:`~kubedevice.nvidia.health.HealthMonitor`):
-an Unhealthy or lost GPU leaves the ResourceSlices (no new allocation) and is reported on
-the kubelet's health stream, and comes back when the policy says it has recovered.
+an Unhealthy or lost GPU is tainted in the ResourceSlices (no new allocation; see
+:mod:`kubedevice.dra.slices`) and reported on the kubelet's health stream, and is untainted
+when the policy says it has recovered.
 
 Prepare: each allocated device's opaque ``GpuConfig`` / ``MigDeviceConfig``
 (:mod:`kubedevice.nvidia.dra_config`) is validated first, for every device of the claim,
