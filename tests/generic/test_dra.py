@@ -141,3 +141,60 @@ async def test_hot_plug_yields_a_new_list(tmp_path: Path) -> None:
         assert {f"fuse-fuse-{i}" for i in range(3)} <= fourth
     finally:
         await gen.aclose()
+
+
+HEALTH_CONFIG = {
+    "version": "v1",
+    "resources": [
+        {
+            "name": "example.com/render",
+            "groups": [
+                {
+                    "paths": [{"path": "/dev/dri/renderD*"}],
+                    "health": {
+                        "periodSeconds": 0.05,
+                        "sysfsAttribute": {
+                            "path": "/sys/class/drm/{name}/device/enable",
+                            "expect": "1",
+                        },
+                    },
+                }
+            ],
+        },
+        {"name": "example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}]}]},
+    ],
+}
+
+
+async def _health(gen: AsyncIterator[Sequence[Device]]) -> dict[str, str]:
+    return {d.name: str(d.health) for d in await asyncio.wait_for(anext(gen), 10)}
+
+
+async def test_health_checks_mark_devices_unhealthy_and_back(tmp_path: Path) -> None:
+    host = FakeHost(tmp_path)
+    host.add_char_device("/dev/dri/renderD128")
+    host.add_char_device("/dev/dri/renderD129")
+    host.add_char_device("/dev/fuse")  # no health checks: always Healthy
+    host.set_attr("/sys/class/drm/renderD128/device/enable", "1")
+    host.set_attr("/sys/class/drm/renderD129/device/enable", "0")
+    config = parse_config(HEALTH_CONFIG).with_roots(str(host.dev_root), str(host.sys_root))
+    gen = GenericDraDriver(config).devices()
+    try:
+        first = await _health(gen)  # checked before the first list: 129 never shown Healthy
+        r128, r129 = sorted(n for n in first if n.startswith("render-"))
+        assert (first[r128], first[r129]) == ("Healthy", "Unhealthy")
+        assert [v for n, v in first.items() if n.startswith("fuse-")] == ["Healthy"]
+
+        host.set_attr("/sys/class/drm/renderD128/device/enable", "0")  # 128 fails
+        assert (await _health(gen))[r128] == "Unhealthy"
+        host.set_attr("/sys/class/drm/renderD129/device/enable", "1")  # 129 recovers
+        assert (await _health(gen))[r129] == "Healthy"
+
+        # a hot-plugged device is checked before it is listed
+        host.set_attr("/sys/class/drm/renderD130/device/enable", "0")
+        host.add_char_device("/dev/dri/renderD130")
+        listed = await _health(gen)
+        [r130] = [n for n in listed if n.startswith("render-") and n not in (r128, r129)]
+        assert listed[r130] == "Unhealthy"
+    finally:
+        await gen.aclose()

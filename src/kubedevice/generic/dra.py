@@ -13,24 +13,31 @@ published in the node's ResourceSlices instead of advertised as an extended reso
 
 Hot-plug: the device directories are watched with inotify (as in the device plugin) and
 every change yields a new device list, which the kit publishes.
+
+Health: a group's ``health`` checks (sysfs attribute or command, every ``periodSeconds``)
+run as for the device plugin; a device whose check fails, or cannot run, is published
+``Unhealthy`` (the kit taints it: no new claim gets it) until a check passes again. The
+first round runs before the first list, so a device is not published healthy unchecked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import hashlib
 import logging
 import os
 import re
 import stat
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import ClassVar, Final
 
-from kubedevice.dra import ContainerEdits, Device, DeviceNode, Driver, Mount
+from kubedevice.dra import ContainerEdits, Device, DeviceNode, Driver, Health, Mount
 from kubedevice.dra.types import AttributeValue
 from kubedevice.generic.config import Config, GroupSpec, ResourceSpec, group_name
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
+from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.templates import ENV_VARIABLES, Template
 from kubedevice.plugin.pci import (
     PCI_BUS_ID_ATTRIBUTE,
@@ -49,6 +56,10 @@ DEFAULT_DRIVER_NAME: Final = "dev.kubedevice.io"
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
 _MAX_NAME: Final = 63
 _MAX_STRING: Final = 64
+_MAX_PARALLEL_CHECKS: Final = 16
+
+#: Health-check results by (resource name, physical device ID).
+Checks = Mapping[tuple[str, str], CheckResult]
 
 
 def _label(text: str) -> str:
@@ -124,9 +135,13 @@ def _edits(group: GroupSpec, phys: PhysicalDevice, resource: str) -> ContainerEd
 
 
 def _devices_of(
-    res: ResourceSpec, phys: PhysicalDevice, sys_root: str, taken: set[str]
+    res: ResourceSpec, phys: PhysicalDevice, sys_root: str, taken: set[str], checks: Checks | None
 ) -> list[Device]:
     group = res.groups[phys.group]
+    health = Health.HEALTHY
+    if checks is not None and group.health is not None:
+        result = checks.get((res.name, phys.id))
+        health = Health.HEALTHY if result is not None and result.healthy else Health.UNHEALTHY
     attrs: dict[str, AttributeValue] = {
         "resource": res.name[:_MAX_STRING],
         "group": group_name(group, phys.group),
@@ -149,17 +164,24 @@ def _devices_of(
             continue
         taken.add(name)
         more: dict[str, AttributeValue] = {"replica": replica} if group.count > 1 else {}
-        out.append(Device(name=name, attributes={**attrs, **more}, edits=edits))
+        out.append(Device(name=name, attributes={**attrs, **more}, health=health, edits=edits))
     return out
 
 
-def build_devices(config: Config, found: dict[str, list[PhysicalDevice]]) -> list[Device]:
-    """The DRA devices of one scan (``Scanner.scan()``), in config and discovery order."""
+def build_devices(
+    config: Config, found: dict[str, list[PhysicalDevice]], checks: Checks | None = None
+) -> list[Device]:
+    """The DRA devices of one scan (``Scanner.scan()``), in config and discovery order.
+
+    With ``checks``, a device of a group with health checks is ``Unhealthy`` unless its
+    last check passed; without, health is not considered.
+    """
     taken: set[str] = set()
     out: list[Device] = []
+    sys_root = os.path.realpath(config.sys_root)
     for res in config.resources:
         for phys in found.get(res.name, []):
-            out.extend(_devices_of(res, phys, os.path.realpath(config.sys_root), taken))
+            out.extend(_devices_of(res, phys, sys_root, taken, checks))
     return out
 
 
@@ -175,32 +197,135 @@ class GenericDraDriver(Driver):
     def __init__(self, config: Config) -> None:
         self.config = config
         self._scanner = Scanner(config)
+        self._found: dict[str, list[PhysicalDevice]] = {}
+        self._checks: dict[tuple[str, str], CheckResult] = {}
+        self._limit = asyncio.Semaphore(_MAX_PARALLEL_CHECKS)
 
     def scan(self) -> list[Device]:
-        """Scan the trees now; the devices found."""
+        """Scan the trees now; the devices found (health not considered)."""
         return build_devices(self.config, self._scanner.scan())
 
     async def devices(self) -> AsyncIterator[Sequence[Device]]:
-        """The devices now, then again after every change in the watched directories."""
+        """The devices now, then again after every change in the watched directories or
+        in a device's health."""
         from kubedevice.plugin.filewatch import DirWatcher
 
         watcher = DirWatcher()
-        try:
-            watcher.watch_exactly(watch_dirs(self.config))
-            last = self.scan()
-            log.info("publishing %d device(s)", len(last))
-            yield last
+        wake = asyncio.Event()
+        rescan = False
+
+        async def watch() -> None:
+            nonlocal rescan
             while True:
                 await watcher.changed()
                 watcher.watch_exactly(watch_dirs(self.config))
-                try:
-                    now = await asyncio.to_thread(self.scan)
-                except Exception:  # a scan bug must not end hot-plug
-                    log.exception("scan failed")
-                    continue
+                rescan = True
+                wake.set()
+
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            watcher.watch_exactly(watch_dirs(self.config))
+            self._found = self._scanner.scan()
+            await self._check_all()
+            last = build_devices(self.config, self._found, self._checks)
+            tasks.append(asyncio.create_task(watch(), name="watch /dev"))
+            tasks.extend(self._start_health(wake))
+            log.info("publishing %d device(s)", len(last))
+            yield last
+            while True:
+                await wake.wait()
+                wake.clear()
+                if rescan:
+                    rescan = False
+                    try:
+                        self._found = await asyncio.to_thread(self._scanner.scan)
+                    except Exception:  # a scan bug must not end hot-plug
+                        log.exception("scan failed")
+                        continue
+                    await self._check_new()
+                now = build_devices(self.config, self._found, self._checks)
                 if now != last:
                     log.info("devices changed: %d now", len(now))
                     last = now
                     yield now
         finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             watcher.close()
+
+    # ----------------------------------------------------------------- health
+
+    def _present(self, res: ResourceSpec, index: int) -> list[PhysicalDevice]:
+        return [p for p in self._found.get(res.name, []) if p.group == index]
+
+    async def _check(self, res: ResourceSpec, index: int) -> bool:
+        """Check the present devices of one group; whether any result changed."""
+        spec = res.groups[index].health
+        assert spec is not None
+        devices = self._present(res, index)
+
+        async def one(dev: PhysicalDevice) -> CheckResult:
+            async with self._limit:
+                try:
+                    return await run_check(spec, dev, self._scanner.sys_root)
+                except Exception as exc:  # a checker bug must not leave devices Healthy
+                    log.exception("health check of %s crashed", dev.id)
+                    return CheckResult(False, f"health check crashed: {exc!r}")
+
+        results = await asyncio.gather(*(one(d) for d in devices))
+        changed = False
+        for dev, result in zip(devices, results, strict=True):
+            key = (res.name, dev.id)
+            before = self._checks.get(key)
+            if before is None or before.healthy != result.healthy:
+                changed = True
+                if result.healthy:
+                    log.info("%s %s: health check passed", res.name, dev.id)
+                else:
+                    log.warning("%s %s: health check failed: %s", res.name, dev.id, result.reason)
+            self._checks[key] = result
+        return changed
+
+    async def _check_all(self) -> None:
+        await asyncio.gather(
+            *(
+                self._check(res, i)
+                for res in self.config.resources
+                for i, group in enumerate(res.groups)
+                if group.health is not None
+            )
+        )
+
+    async def _check_new(self) -> None:
+        """Forget the results of devices gone; check at once the groups with a new device."""
+        present = {(name, p.id) for name, found in self._found.items() for p in found}
+        for key in [k for k in self._checks if k not in present]:
+            del self._checks[key]
+        await asyncio.gather(
+            *(
+                self._check(res, i)
+                for res in self.config.resources
+                for i, group in enumerate(res.groups)
+                if group.health is not None
+                and any((res.name, p.id) not in self._checks for p in self._present(res, i))
+            )
+        )
+
+    def _start_health(self, wake: asyncio.Event) -> list[asyncio.Task[None]]:
+        async def loop(res: ResourceSpec, index: int, period: float) -> None:
+            while True:
+                await asyncio.sleep(period)  # the configured check period
+                if await self._check(res, index):
+                    wake.set()
+
+        return [
+            asyncio.create_task(
+                loop(res, i, group.health.period_seconds), name=f"health {res.name}[{i}]"
+            )
+            for res in self.config.resources
+            for i, group in enumerate(res.groups)
+            if group.health is not None
+        ]
