@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from kubelet_helpers import pod_manifest
-from rawplugin import RawPlugin, devs
+from rawplugin import Dev, RawPlugin, devs
 
 from kubedevice.errors import AdmissionError
-from kubedevice.kubelet import Emulator
+from kubedevice.kubelet import AdmissionEvent, Emulator, ReadmissionEvent
 from kubedevice.kubelet.checkpoint import loads
 
 R = "example.com/foo"
@@ -161,3 +161,64 @@ async def test_undecodable_alloc_resp_entry_is_skipped(dp_dir: Path) -> None:
         devices = {x.name: x.container("c").devices for x in emu2.pods()}
         assert devices == {"p": {}, "q": {R: ("d1",)}}
         assert emu2.node().resources[R].allocated == 1
+
+
+async def _readmitted(emu: Emulator, after: int) -> ReadmissionEvent:
+    await emu.wait_until(lambda: len(emu.events.of_type(ReadmissionEvent)) > after, timeout=10)
+    return emu.events.of_type(ReadmissionEvent)[-1]
+
+
+async def test_readmission_rejects_a_pod_whose_init_container_held_devices_of_a_plugin_gone(
+    dp_dir: Path,
+) -> None:
+    async with Emulator(dp_dir, control_socket=False, readmit_after_s=0.05) as emu:
+        p = RawPlugin(dp_dir, R, devs(3))
+        await p.start()
+        await emu.wait_for_resource(R, allocatable=3)
+        await emu.apply_pod(pod_manifest("with-init", {R: 1}, init=[("setup", {R: 1})]))
+        await emu.apply_pod(pod_manifest("plain", {R: 1}))
+        await p.stop()  # gone while the kubelet restarts
+        await emu.restart()
+        event = await _readmitted(emu, 0)
+        assert event.rejected == ("default/with-init",)
+        assert event.kept == 1
+        assert [x.name for x in emu.pods()] == ["plain"]  # its container runs: kept
+        [refusal] = [
+            e for e in emu.events.of_type(AdmissionEvent) if e.reason == "UnexpectedAdmissionError"
+        ]
+        assert refusal.pod == "with-init"
+        assert refusal.message == (
+            "Allocate failed due to no healthy devices present; cannot allocate unhealthy "
+            f"devices {R}, which is unexpected"
+        )
+        # its devices are free again: only the plain pod's one is allocated
+        assert emu.node().resources[R].allocated == 1
+
+
+async def test_readmission_keeps_every_pod_when_the_plugin_is_back_in_time(dp_dir: Path) -> None:
+    async with Emulator(dp_dir, control_socket=False, readmit_after_s=None) as emu:
+        p = RawPlugin(dp_dir, R, devs(3))
+        await p.start()
+        await emu.wait_for_resource(R, allocatable=3)
+        await emu.apply_pod(pod_manifest("with-init", {R: 1}, init=[("setup", {R: 1})]))
+        await p.stop()
+        await emu.restart()
+        p2 = RawPlugin(dp_dir, R, devs(3))
+        await p2.start()
+        await emu.wait_for_resource(R, allocatable=3)
+        event = await emu.readmit()
+        assert (event.kept, event.rejected) == (1, ())
+        assert [x.name for x in emu.pods()] == ["with-init"]
+        assert p2.calls.allocate == []  # nothing asked of the plugin
+        # a device of the init container turned unhealthy: refused with the kubelet's text
+        [held] = emu.pods()[0].container("setup").devices[R]
+        p2.devices = [Dev(d.id, "Unhealthy" if d.id == held else "Healthy") for d in p2.devices]
+        p2.push()
+        await emu.wait_for_resource(R, allocatable=2)
+        event = await emu.readmit()
+        assert event.rejected == ("default/with-init",)
+        [refusal] = [
+            e for e in emu.events.of_type(AdmissionEvent) if e.reason == "UnexpectedAdmissionError"
+        ]
+        assert "previously allocated devices are no longer healthy" in (refusal.message or "")
+        await p2.stop()

@@ -44,14 +44,18 @@ from kubedevice.kubelet.types import (
     KubeletStartedEvent,
     NodeStatus,
     PodStatus,
+    ReadmissionEvent,
     ResourceStatus,
     to_jsonable,
 )
 
-__all__ = ["Emulator"]
+__all__ = ["READMIT_AFTER_S", "Emulator"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds from a (re)start to the re-admission of the pods (the kubelet's pod sources sync
+#: about a second after it starts).
+READMIT_AFTER_S = 1.0
 #: A pod journal larger than this is not replayed (each pod is a few hundred bytes).
 _MAX_JOURNAL_BYTES = 64 * 1024 * 1024
 
@@ -88,6 +92,11 @@ class Emulator:
         topology_manager_scope: ``container`` (default) or ``pod``.
         checkpoint_interval_s: device-set changes reach the checkpoint at most this often
             (coalesced; allocations are always written at once).
+        readmit_after_s: this long after each (re)start with pods, the pods are admitted
+            again as the kubelet does once its pod sources have synced (about a second):
+            a pod whose init container holds devices (finished, so not running) is
+            rejected with ``UnexpectedAdmissionError`` when that resource has no healthy
+            devices by then (its plugin not back yet). ``None``: never.
     """
 
     def __init__(
@@ -105,8 +114,11 @@ class Emulator:
         topology_manager_policy: str = "none",
         topology_manager_scope: str = "container",
         checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+        readmit_after_s: float | None = READMIT_AFTER_S,
     ) -> None:
         self.checkpoint_interval_s = checkpoint_interval_s
+        self.readmit_after_s = readmit_after_s
+        self._readmit: asyncio.Task[None] | None = None
         if topology_manager_policy not in POLICIES:
             raise EmulatorError(f"unknown topology manager policy {topology_manager_policy!r}")
         if topology_manager_scope not in SCOPES:
@@ -202,6 +214,7 @@ class Emulator:
             self._replay_journal()
             await self._start_kubelet(restart=False)
             self._reconcile()
+            self._schedule_readmission()
         except BaseException:
             await self._stop_kubelet()
             if self._control is not None:
@@ -227,6 +240,88 @@ class Emulator:
         async with self._turn("kubelet restart"):  # no admission half-way through it
             await self._stop_kubelet()
             await self._start_kubelet(restart=True)
+            self._schedule_readmission()
+
+    def _schedule_readmission(self) -> None:
+        if self.readmit_after_s is not None and self._pods:
+            self._readmit = asyncio.create_task(
+                self._readmit_later(self.readmit_after_s), name="re-admission"
+            )
+
+    async def _readmit_later(self, delay: float) -> None:
+        # this task's own copy of the context: the restart's control client, which may be
+        # gone by now, is not the one waiting here
+        CLIENT_GONE.set(lambda: False)
+        await asyncio.sleep(delay)  # the modelled pod-source sync of a starting kubelet
+        try:
+            await self.readmit()
+        except Exception:  # a bug here must not vanish in a task nobody awaits
+            log.exception("re-admission of the pods failed")
+
+    async def readmit(self) -> ReadmissionEvent:
+        """Admit every pod again now, as a starting kubelet does once its pod sources synced.
+
+        Done on its own ``readmit_after_s`` after each (re)start; a pod the device manager
+        refuses now (see the constructor) is removed, its devices freed, and an
+        ``UnexpectedAdmissionError`` admission event recorded.
+        """
+        async with self._turn("re-admission of running pods"):
+            rejected: list[str] = []
+            for key, pod in sorted(self._pods.items()):
+                error = self._readmission_error(pod.spec)
+                if error is None:
+                    continue
+                rejected.append(f"{pod.spec.namespace}/{pod.spec.name}")
+                message = f"Allocate failed due to {error}, which is unexpected"
+                log.warning(
+                    "pod %s/%s rejected at re-admission: UnexpectedAdmissionError: %s",
+                    pod.spec.namespace,
+                    pod.spec.name,
+                    message,
+                )
+                del self._pods[key]
+                self._m.remove_pod(pod.spec.uid)
+                self._journal_write({"del": pod.spec.uid})
+                self.events.append(
+                    AdmissionEvent(
+                        t=self.events.now(),
+                        pod=pod.spec.name,
+                        namespace=pod.spec.namespace,
+                        reason="UnexpectedAdmissionError",
+                        message=message,
+                    )
+                )
+            event = ReadmissionEvent(
+                t=self.events.now(), kept=len(self._pods), rejected=tuple(rejected)
+            )
+            self.events.append(event)
+            return event
+
+    def _readmission_error(self, spec: PodSpec) -> str | None:
+        """The device manager's refusal of a pod admitted again, if any.
+
+        Running containers are skipped (their devices stay); an init container has
+        finished, so its devices go through the checks of ``devicesToAllocate``.
+        """
+        m = self._m
+        for c in spec.containers:
+            if c.kind != "init":
+                continue
+            held = m.container_devices(spec.uid, c.name)
+            for res, n in sorted(c.limits.items()):
+                if n <= 0:
+                    continue
+                r = m.resources.get(res)
+                if r is None:
+                    return f"cannot allocate unregistered device {res}"
+                if not r.healthy:
+                    return f"no healthy devices present; cannot allocate unhealthy devices {res}"
+                if res in held and not set(held[res].device_ids) <= r.healthy:
+                    return (
+                        "previously allocated devices are no longer healthy; cannot "
+                        f"allocate unhealthy devices {res}"
+                    )
+        return None
 
     async def _start_kubelet(self, *, restart: bool) -> None:
         m = self._m
@@ -269,6 +364,11 @@ class Emulator:
         log.debug("Registration served", extra={"socket": str(self.kubelet_socket)})
 
     async def _stop_kubelet(self) -> None:
+        if self._readmit is not None:
+            self._readmit.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._readmit
+            self._readmit = None
         if self._registration is not None:
             await self._registration.stop()
             self._registration = None

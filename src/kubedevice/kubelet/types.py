@@ -24,6 +24,7 @@ __all__ = [
     "NodeStatus",
     "PluginOptions",
     "PodStatus",
+    "ReadmissionEvent",
     "RegistrationEvent",
     "ResourceRemovedEvent",
     "ResourceStatus",
@@ -252,6 +253,18 @@ class KubeletStartedEvent(EmulatorEvent):
     @property
     def kind(self) -> str:
         return "kubelet_started"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadmissionEvent(EmulatorEvent):
+    """The pods were admitted again after a (re)start; ``rejected`` names those refused."""
+
+    kept: int = 0
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "readmission"
 
 
 @dataclass(frozen=True, slots=True)
