@@ -18,6 +18,9 @@ import pytest
 from kubernetes import client
 
 from .cluster import NODE, Cluster, Process, container, pod_manifest, poll_until, wait_for
+from .dra import POD_TIMEOUT
+
+pytestmark = pytest.mark.timeout(360)  # a DRA pod may wait for a pod resync (POD_TIMEOUT)
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "counter.example.com"
@@ -83,6 +86,13 @@ def test_pod_with_a_claim_gets_the_cdi_device_and_unprepares(
         "the driver's ResourceSlice with 4 devices",
         field_selector=f"spec.driver={DRIVER},spec.nodeName={NODE}",
     )
+    # a pod the kubelet sees before the driver registered waits for a retry (a sync back-off
+    # or the 1-minute resync): this test is about the claim, not about that race
+    poll_until(
+        "the driver registered with the kubelet",
+        lambda: dra_driver.logged("registered with the kubelet") >= 1,
+        timeout=60,
+    )
     klass = f"counter-{uuid.uuid4().hex[:6]}"
     _resource(cluster).create_cluster_custom_object(
         "resource.k8s.io",
@@ -144,7 +154,7 @@ def test_pod_with_a_claim_gets_the_cdi_device_and_unprepares(
         manifest["spec"]["resourceClaims"] = [
             {"name": "counter", "resourceClaimTemplateName": "one-counter"}
         ]
-        cluster.run_pod(ns, manifest, timeout=90)
+        cluster.run_pod(ns, manifest, timeout=POD_TIMEOUT)  # may wait for a pod resync
 
         pod = cluster.core.read_namespaced_pod("dra-pod", ns)
         claim_name = pod.status.resource_claim_statuses[0].resource_claim_name
