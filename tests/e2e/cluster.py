@@ -428,6 +428,9 @@ class Kubelet:
             # it short so the tier is fast
             nodeStatusUpdateFrequency: 1s
             nodeStatusReportFrequency: 1s
+            # a DRA pod whose claim the kubelet could not read yet (the node authorizer had not
+            # linked it) is retried at the next pod sync: 10 s here, not the default minute
+            syncFrequency: 10s
             """)
         )
         if self.extra_config:

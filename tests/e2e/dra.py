@@ -349,7 +349,8 @@ def claim_pod(
 
 #: How long a DRA pod may take to run. The kubelet can fetch a claim before the API server's
 #: node authorizer has linked it to the node ("no relationship found"); it then retries only
-#: at its next pod resync (1 minute), so a wait must outlast that.
+#: at its next pod sync (the harness's kubelet: every 10 s; a default kubelet: 1 minute), or
+#: later after sync errors back off; a wait must outlast that.
 POD_TIMEOUT = 150
 
 
