@@ -88,6 +88,7 @@ def test_devices_with_attributes_and_edits(tmp_path: Path) -> None:
         "group": "ttys",
         "path": "/dev/ttyUSB0",
         "numaNode": 0,
+        "resource.kubernetes.io/numaNode": 0,
     }
     assert [(n.path, n.host_path, n.permissions) for n in tty.edits.device_nodes] == [
         ("/dev/ttyUSB0", "/dev/ttyUSB0", "rw")

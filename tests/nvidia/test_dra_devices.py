@@ -60,6 +60,7 @@ def test_whole_gpus_carry_nvidias_attributes(gpu_host: Any) -> None:
         "resource.kubernetes.io/pciBusID": "0000:18:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:00",
         "numaNode": 0,
+        "resource.kubernetes.io/numaNode": 0,
         "nvlinkDomain": 0,
     }
     assert str(gpu0.device.capacity["memory"]) == str(81559 * 1024 * 1024)
@@ -69,6 +70,7 @@ def test_whole_gpus_carry_nvidias_attributes(gpu_host: Any) -> None:
     # the second root complex and NUMA node
     assert devices[2].device.attributes["resource.kubernetes.io/pcieRoot"] == "pci0000:01"
     assert devices[4].device.attributes["numaNode"] == 1
+    assert devices[4].device.attributes["resource.kubernetes.io/numaNode"] == 1
 
 
 def test_nvlink_domains_are_the_largest_cliques(gpu_host: Any) -> None:

@@ -8,7 +8,8 @@ published in the node's ResourceSlices instead of advertised as an extended reso
   ``serial-ttyusb0``), ``-<n>`` appended per replica when the group has ``count > 1``;
 * attributes: ``resource`` (the configured resource name), ``group``, ``path`` (the
   primary node's host path), ``replica`` (with ``count > 1``), ``numaNode``, and the
-  standard ``resource.kubernetes.io/pciBusID`` / ``pcieRoot`` where sysfs has them;
+  standard ``resource.kubernetes.io/pciBusID`` / ``pcieRoot`` / ``numaNode`` where sysfs
+  has them;
 * edits: the device's nodes, the group's mounts and envs (rendered for this device).
 
 Hot-plug: the device directories are watched with inotify (as in the device plugin) and
@@ -40,6 +41,7 @@ from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check
 from kubedevice.generic.templates import ENV_VARIABLES, Template
 from kubedevice.plugin.pci import (
+    NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     pci_bus_id_of,
@@ -150,6 +152,7 @@ def _devices_of(
         attrs["path"] = phys.nodes[0].host_path
     if phys.numa_node is not None:
         attrs["numaNode"] = phys.numa_node
+        attrs[NUMA_NODE_ATTRIBUTE] = phys.numa_node
     bus_id, root = _pci(sys_root, phys)
     if bus_id is not None:
         attrs[PCI_BUS_ID_ATTRIBUTE] = bus_id

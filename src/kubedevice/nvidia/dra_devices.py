@@ -12,7 +12,8 @@ selects the same GPUs once the driver name matches:
   and ``migEnabled``;
 * MIG devices also ``parentUUID``, ``parentIndex`` and ``profile`` (``1g.18gb``);
 * the standard ``resource.kubernetes.io/pciBusID`` and ``resource.kubernetes.io/pcieRoot``
-  (when sysfs tells), ``numaNode`` (when sysfs tells) and ``nvlinkDomain``: GPUs with the
+  (when sysfs tells), ``numaNode`` and the standard ``resource.kubernetes.io/numaNode``
+  (when sysfs tells) and ``nvlinkDomain``: GPUs with the
   same value are all directly NVLink-connected to each other (the largest such group a
   GPU belongs to, named by its lowest NVML index; absent without NVLink);
 * capacity ``memory`` (bytes).
@@ -34,6 +35,7 @@ from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import GpuUnit, build_inventory
 from kubedevice.nvidia.topology import Topology
 from kubedevice.plugin.pci import (
+    NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     normalize_bus_id,
@@ -231,6 +233,7 @@ def build_devices(
         attrs = _common(gpu, driver, flags.sys_root)
         if unit.numa_node is not None:
             attrs["numaNode"] = unit.numa_node
+            attrs[NUMA_NODE_ATTRIBUTE] = unit.numa_node
         if gpu.uuid in domains:
             attrs["nvlinkDomain"] = domains[gpu.uuid]
         m = migs.get(unit.uuid)

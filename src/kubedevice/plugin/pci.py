@@ -8,8 +8,11 @@ Kubernetes names two standard device attributes for PCI devices (the
   component of the device's real path under ``<sysRoot>/devices`` (``<sysRoot>/bus/pci/
   devices/<BDF>`` is a symlink to it).
 
-Drivers that publish them let a claim align devices of different drivers (a GPU and a
-NIC under one root) with ``matchAttribute``. Pure filesystem reads; nothing outside
+A third, ``resource.kubernetes.io/numaNode`` (the device's NUMA node, an int, from sysfs
+``numa_node``), is proposed as standard in the same package and already published by other
+drivers (the DRA CPU driver's cores among them). Drivers that publish them let a claim align
+devices of different drivers (a GPU and a NIC under one root, or on one NUMA node) with
+``matchAttribute``. Pure filesystem reads; nothing outside
 ``sysRoot`` is followed. Neither side's protocol code: used by the DRA drivers.
 """
 
@@ -20,6 +23,7 @@ import re
 from typing import Final
 
 __all__ = [
+    "NUMA_NODE_ATTRIBUTE",
     "PCIE_ROOT_ATTRIBUTE",
     "PCI_BUS_ID_ATTRIBUTE",
     "normalize_bus_id",
@@ -29,6 +33,7 @@ __all__ = [
 
 PCI_BUS_ID_ATTRIBUTE: Final = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE: Final = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
 _LONG_BDF = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
