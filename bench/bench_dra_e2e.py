@@ -131,7 +131,7 @@ def main() -> None:
                 delete_pod(cluster, ns, name)
         drv.close()
         # a pod the kubelet could not prepare at once (its node authorizer race, see
-        # tests/e2e/dra.py POD_TIMEOUT) waits for the kubelet's 1-minute resync: counted apart
+        # tests/e2e/dra.py POD_TIMEOUT) waits for the kubelet's next pod sync: counted apart
         slow = [t for t in running if t > 30_000]
         out["pods_waiting_for_kubelet_resync"] = len(slow)
         running = [t for t in running if t <= 30_000] or running

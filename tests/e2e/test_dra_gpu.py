@@ -37,7 +37,7 @@ from .dra import (
     wait_unschedulable,
 )
 
-# a DRA pod may wait for the kubelet's 1-minute pod resync (see dra.POD_TIMEOUT)
+# a DRA pod may wait for the kubelet's next pod sync (see dra.POD_TIMEOUT)
 pytestmark = pytest.mark.timeout(360)
 
 DRIVER = "gpu.kubedevice.io"

@@ -87,7 +87,7 @@ def test_pod_with_a_claim_gets_the_cdi_device_and_unprepares(
         field_selector=f"spec.driver={DRIVER},spec.nodeName={NODE}",
     )
     # a pod the kubelet sees before the driver registered waits for a retry (a sync back-off
-    # or the 1-minute resync): this test is about the claim, not about that race
+    # or the next pod sync): this test is about the claim, not about that race
     poll_until(
         "the driver registered with the kubelet",
         lambda: dra_driver.logged("registered with the kubelet") >= 1,
