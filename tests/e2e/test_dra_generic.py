@@ -10,22 +10,29 @@ import pytest
 
 from .cluster import Cluster, envs
 from .dra import (
+    POD_TIMEOUT,
+    PREPARED,
+    UNPREPARED,
     GenericDra,
     allocated,
     claim_pod,
     claim_spec,
+    create_claim,
     create_template,
     delete_pod,
     device_class,
+    log_count,
     pod_claim,
     release,
     request,
     run_claim_pod,
     slice_devices,
+    wait_file,
     wait_slices,
+    wait_unschedulable,
 )
 
-# a DRA pod may wait for the kubelet's 1-minute pod resync (see dra.POD_TIMEOUT)
+# a DRA pod may wait for the kubelet's next pod sync (see dra.POD_TIMEOUT)
 pytestmark = pytest.mark.timeout(360)
 
 DRIVER = "dev.kubedevice.io"
@@ -40,6 +47,17 @@ resources:
         envs:
           E2E_PATHS: "{paths}"
 """
+# the same devices with a health check: healthy while /sys/class/e2e/<name>/ok reads "1"
+HEALTH_CONFIG = (
+    CONFIG
+    + """\
+        health:
+          periodSeconds: 0.2
+          sysfsAttribute:
+            path: /sys/class/e2e/{name}/ok
+            expect: "1"
+"""
+)
 IS_E2E = (
     f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].resource == "example.com/e2e"'
 )
@@ -49,8 +67,8 @@ IS_E2E = (
 def dev_dra(cluster: Cluster, ns: str) -> Iterator[Callable[..., GenericDra]]:
     made: list[GenericDra] = []
 
-    def make(*nodes: str, start: bool = True) -> GenericDra:
-        d = GenericDra(cluster, CONFIG)
+    def make(*nodes: str, start: bool = True, config: str = CONFIG) -> GenericDra:
+        d = GenericDra(cluster, config)
         made.append(d)
         for node in nodes:
             d.host.add_char_device(node)
@@ -137,3 +155,92 @@ def test_pci_attributes_from_sysfs_select_the_device(
         attrs: Any = slice_devices(cluster, DRIVER)[name].attributes
         assert attrs["path"].string == "/dev/e2e1"
         assert attrs[f"{std}/pciBusID"].string == "0000:3b:00.0"
+
+
+def test_a_claim_shared_by_two_pods_is_prepared_once(
+    cluster: Cluster, ns: str, dev_dra: Callable[..., GenericDra]
+) -> None:
+    drv = dev_dra("/dev/e2e0", "/dev/e2e1")
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 2, "2 devices")
+    with device_class(cluster, IS_E2E) as cls:
+        create_claim(cluster, ns, "shared", claim_spec(request("dev", cls)))
+        run_claim_pod(cluster, ns, claim_pod("a", claim="shared"))
+        run_claim_pod(cluster, ns, claim_pod("b", claim="shared"))
+        kubelet = cluster.kubelet
+        assert kubelet is not None
+        ids = [[d["name"] for d in kubelet.created(ns, p, "main")["cdiDevices"]] for p in "ab"]
+        assert ids[0] == ids[1]
+        assert len(ids[0]) == 1
+        assert log_count(drv.log, PREPARED) == 1
+        assert len(drv.cdi_specs()) == 1
+        delete_pod(cluster, ns, "a")
+        assert len(drv.cdi_specs()) == 1  # b still uses it
+        delete_pod(cluster, ns, "b")
+        drv.wait_specs(lambda specs: not specs, "the shared claim's spec removed")
+
+
+def test_restarts_of_the_driver_and_the_kubelet(
+    cluster: Cluster, ns: str, dev_dra: Callable[..., GenericDra]
+) -> None:
+    """A driver killed with a prepared claim unprepares it after its restart (from its
+    checkpoint); a kubelet restart registers it again and a new pod gets the free device."""
+    drv = dev_dra("/dev/e2e0", "/dev/e2e1")
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 2, "2 devices")
+    with device_class(cluster, IS_E2E) as cls:
+        create_template(cluster, ns, "one", claim_spec(request("dev", cls)))
+        run_claim_pod(cluster, ns, claim_pod("dev-before", template="one"))
+        first = allocated(pod_claim(cluster, ns, "dev-before"))
+        assert len(drv.cdi_specs()) == 1
+        drv.kill()  # a crash: no clean-up
+        drv.start()
+        registered = log_count(drv.log, "registered with the kubelet as DRA driver")
+        cluster.restart_kubelet()
+        drv.wait_registered(registered + 1)
+        run_claim_pod(cluster, ns, claim_pod("dev-after", template="one"))
+        second = allocated(pod_claim(cluster, ns, "dev-after"))
+        assert len(second) == 1
+        assert second != first
+        assert len(drv.cdi_specs()) == 2
+        delete_pod(cluster, ns, "dev-before")
+        drv.wait_specs(lambda specs: len(specs) == 1, "the first claim's spec removed")
+        # the restarted process did it, from its checkpoint (the spec goes just before the line)
+        wait_file(drv.log, lambda p: log_count(p, UNPREPARED) >= 1, 30, "unprepared, logged")
+        assert log_count(drv.log, UNPREPARED) == 1
+
+
+def test_an_unhealthy_device_is_tainted_and_not_allocated(
+    cluster: Cluster, ns: str, dev_dra: Callable[..., GenericDra]
+) -> None:
+    drv = dev_dra("/dev/e2e0", "/dev/e2e1", start=False, config=HEALTH_CONFIG)
+    ok = {}
+    for name in ("e2e0", "e2e1"):
+        d = drv.host.sys(f"/sys/class/e2e/{name}")
+        d.mkdir(parents=True)
+        ok[name] = d / "ok"
+        ok[name].write_text("1\n")
+    drv.start()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 2, "2 healthy devices")
+    bad = next(
+        n
+        for n, d in slice_devices(cluster, DRIVER).items()
+        if d.attributes["path"].string == "/dev/e2e1"
+    )
+    ok["e2e1"].write_text("0\n")
+    names = wait_slices(cluster, DRIVER, lambda n: bad not in n, f"{bad} tainted")
+    assert len(names) == 1
+    [taint] = slice_devices(cluster, DRIVER)[bad].taints  # still published, tainted
+    assert (taint.key, taint.value, taint.effect) == (
+        f"{DRIVER}/unhealthy",
+        "Unhealthy",
+        "NoSchedule",
+    )
+    with device_class(
+        cluster, IS_E2E, 'device.attributes["dev.kubedevice.io"].path == "/dev/e2e1"'
+    ) as cls:
+        create_template(cluster, ns, "that-one", claim_spec(request("dev", cls)))
+        cluster.create_pod(ns, claim_pod("p", template="that-one"))
+        wait_unschedulable(cluster, ns, "p")
+        ok["e2e1"].write_text("1\n")
+        wait_slices(cluster, DRIVER, lambda n: bad in n, f"{bad} healthy again", timeout=90)
+        cluster.wait_running(ns, "p", timeout=POD_TIMEOUT)
+        assert allocated(pod_claim(cluster, ns, "p")) == [bad]
