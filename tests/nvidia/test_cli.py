@@ -215,6 +215,10 @@ def test_info_text_and_json(gpu_host: Any) -> None:
     ]
 
 
+#: A rename whose socket path is longer than AF_UNIX allows (107 bytes) in any directory.
+_LONG_NAME = f"{'a' * 60}.example.com/{'g' * 60}"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -228,8 +232,14 @@ def test_info_text_and_json(gpu_host: Any) -> None:
             "rename: nvidia.com-mig/3g.71gb}]\n",
             "socket name 'nvidia.com-mig-3g.71gb.sock' is already used",
         ),
+        (
+            "version: v1\nsharing:\n  timeSlicing:\n"
+            f"    resources: [{{name: nvidia.com/gpu, replicas: 2, rename: {_LONG_NAME}}}]\n",
+            f"error: sharing.timeSlicing: nvidia.com/gpu would be advertised as {_LONG_NAME}, "
+            "whose socket path ",
+        ),
     ],
-    ids=["single-on-mixed", "socket-clash"],
+    ids=["single-on-mixed", "socket-clash", "socket-path-too-long"],
 )
 def test_info_refuses_what_run_refuses(tmp_path: Path, text: str, message: str) -> None:
     cfg = tmp_path / "gpu.yaml"

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Final
 
 from kubedevice._regular_file import read_regular
-from kubedevice.errors import ConfigError
+from kubedevice.errors import ConfigError, PluginServerError
 from kubedevice.nvidia.backend import GpuInfo, MigDeviceInfo
 from kubedevice.nvidia.config import GPU_RESOURCE, Config
 from kubedevice.plugin.config import default_socket_name
+from kubedevice.plugin.unixsock import check_path_length, temp_path
 
 __all__ = [
     "CONTROL_NODES",
@@ -172,21 +173,37 @@ def _mig_nodes(dev_root: str, gpu_nodes: tuple[str, ...], mig: MigDeviceInfo) ->
     return (*gpu_nodes, *caps)
 
 
+_SOCKET_HINT: Final = "use a shorter rename or device plugin directory"
+
+
 def _mig_resource(profile: str) -> str:
     return f"nvidia.com/mig-{profile}"
 
 
 def plan_resources(
-    config: Config, gpus: Sequence[GpuInfo], mig: Mapping[str, Sequence[MigDeviceInfo]]
+    config: Config,
+    gpus: Sequence[GpuInfo],
+    mig: Mapping[str, Sequence[MigDeviceInfo]],
+    *,
+    device_plugin_dir: Path | None = None,
 ) -> dict[str, str]:
     """The resources ``config`` makes of these GPUs: base name -> advertised name.
 
     The one check of a config against the hardware, shared by ``nvidia run`` (start and
     every reload) and ``nvidia info``: nothing is read or written.
 
+    Args:
+        config: The config.
+        gpus: The GPUs, in NVML index order.
+        mig: GPU UUID -> its MIG devices.
+        device_plugin_dir: Where the resources' sockets go (the device plugin's kubelet
+            directory); each socket path is checked against the AF_UNIX limit as the
+            plugin server checks it. ``None``: no sockets (the DRA driver).
+
     Raises:
         ConfigError: ``single`` on a node whose GPUs do not all share one MIG profile,
-            or a sharing rename that collides with another resource's name or socket.
+            or a sharing rename that collides with another resource's name or socket,
+            or whose socket path would be too long.
     """
     strategy = config.flags.mig_strategy
     enabled = [g for g in gpus if g.mig_enabled]
@@ -226,6 +243,16 @@ def plan_resources(
                 f"sharing.timeSlicing: {base} would be advertised as {name}, whose socket "
                 f"name {socket!r} is already used by {sockets[socket]}"
             )
+        if device_plugin_dir is not None:
+            path = device_plugin_dir / socket
+            try:
+                check_path_length(path, temp_path(path), hint=_SOCKET_HINT)
+            except PluginServerError as exc:
+                if name == base:
+                    raise ConfigError(str(exc)) from None
+                raise ConfigError(
+                    f"sharing.timeSlicing: {base} would be advertised as {name}, whose {exc}"
+                ) from None
         sockets[socket] = name
         advertised[base] = name
     return advertised
@@ -238,6 +265,7 @@ def build_inventory(
     *,
     dev_root: str | None = None,
     sys_root: str | None = None,
+    device_plugin_dir: Path | None = None,
 ) -> Inventory:
     """Turn what NVML enumerated into the devices of each resource.
 
@@ -252,6 +280,8 @@ def build_inventory(
         mig: GPU UUID -> its MIG devices (GPUs with MIG off may be absent).
         dev_root: Overrides ``flags.devRoot``.
         sys_root: Overrides ``flags.sysRoot``.
+        device_plugin_dir: Where the resources' sockets go, to check their paths'
+            length (see :func:`plan_resources`).
 
     Raises:
         ConfigError: ``single`` on a node whose GPUs do not all share one MIG profile,
@@ -260,7 +290,7 @@ def build_inventory(
     flags = config.flags
     dev_root = dev_root or flags.dev_root
     sys_root = sys_root or flags.sys_root
-    advertised = plan_resources(config, gpus, mig)
+    advertised = plan_resources(config, gpus, mig, device_plugin_dir=device_plugin_dir)
     control = tuple(f"/dev/{n}" for n in CONTROL_NODES if _present(dev_root, n))
     strategy = flags.mig_strategy
     units: dict[str, GpuUnit] = {}

@@ -8,6 +8,7 @@ A GPU whose NVML calls fail is listed with the error instead of failing the whol
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import plan_resources, read_numa_node
 from kubedevice.nvidia.labels import node_labels
 from kubedevice.nvidia.topology import build_topology
+from kubedevice.plugin.config import resolve_device_plugin_dir
 
 __all__ = ["LEGEND", "collect_info", "format_info", "link_cell"]
 
@@ -98,6 +100,7 @@ def collect_info(
     driver: DriverInfo | None = None,
     config: Config | None = None,
     mig_strategy: str | None = None,
+    device_plugin_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Everything ``nvidia info`` reports, as plain JSON types.
 
@@ -112,6 +115,9 @@ def collect_info(
         driver: The answer of an earlier ``backend.init()``.
         config: The config (``None``: the defaults).
         mig_strategy: Overrides ``flags.migStrategy``.
+        device_plugin_dir: The device plugin directory ``nvidia run`` would serve in, for
+            the socket paths' length (``None``: ``$DP_DEVICE_PLUGIN_DIR`` or the default,
+            as for ``nvidia run``).
 
     Raises:
         NvmlError: NVML cannot be initialised or the GPUs cannot be listed.
@@ -140,7 +146,10 @@ def collect_info(
         except NvmlError as e:
             d["error"] = str(e)
         out_gpus.append(d)
-    plan_resources(config, gpus, mig)  # what `nvidia run` would refuse, refused here
+    # what `nvidia run` would refuse, refused here
+    plan_resources(
+        config, gpus, mig, device_plugin_dir=resolve_device_plugin_dir(device_plugin_dir)
+    )
     topo = build_topology(backend, gpus, numa)
     names = [f"GPU{g.index}" for g in gpus]
     matrix = [

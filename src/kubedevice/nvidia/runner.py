@@ -257,7 +257,9 @@ class GpuPlugins(PluginDaemon):
     def _derive(self, config: Config) -> _Derived:
         """Build everything ``config`` yields (blocking: reads /dev, /sys, the driver root)."""
         hw = self.hardware
-        inventory = build_inventory(config, hw.gpus, hw.mig)
+        inventory = build_inventory(
+            config, hw.gpus, hw.mig, device_plugin_dir=self.server.device_plugin_dir
+        )
         spec = None
         if config.flags.cdi_enabled:
             files = find_driver_files(
