@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,10 @@ from dra import clients
 from dra.api import Api
 from dra.conftest import create_claim, result
 from dra.fakes import DRIVER, FakeDriver, gpus, server, wait_for_path
+from kubedevice.dra.claims import MAX_RESULTS
+from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.server import DriverServer
+from kubedevice.dra.service import MAX_CLAIMS_PER_CALL
 from kubedevice.errors import KubeDeviceError
 
 pytestmark = pytest.mark.timeout(60)
@@ -264,6 +270,139 @@ async def test_corrupt_checkpoint_is_moved_aside_with_a_warning(
     aside = [p.name for p in plugin_dir.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
     assert len(aside) == 1
     assert "is unusable" in caplog.text
+
+
+async def test_checkpoint_whose_checksum_does_not_match_is_moved_aside(
+    kdir: Path,
+    kubeconfig: Path,
+    node_name: str,
+    api: Api,
+    namespace: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    claim = create_claim(
+        api, namespace, f"sum-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name):
+        assert (await clients.prepare(dra_sock, [ref])).claims[ref[2]].error == ""
+    path = kdir / "plugins" / DRIVER / "checkpoint.json"
+    document = json.loads(path.read_text())
+    document["claims"][ref[2]]["devices"][0]["device"] = "gpu-1"  # valid JSON, edited entry
+    edited = json.dumps(document)
+    path.write_text(edited)
+    second = FakeDriver(gpus(2))
+    async with server(second, kdir, kubeconfig, node_name) as srv:
+        assert srv.checkpoint.claims == {}
+        # the driver serves: the claim is prepared afresh, by the hook, with its real device
+        again = await clients.prepare(dra_sock, [ref])
+        assert [d.device_name for d in again.claims[ref[2]].devices] == ["gpu-0"]
+        assert len(second.prepared) == 1
+    aside = [p for p in path.parent.iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
+    assert [p.read_text() for p in aside] == [edited]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("is unusable (checksum mismatch)" in w and str(aside[0]) in w for w in warnings)
+
+
+async def test_checkpoint_is_replaced_whole_never_written_in_place(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    claims = [
+        create_claim(
+            api, namespace, f"at{i}-{node_name}", results=[result("gpu", DRIVER, node_name, gpu)]
+        )
+        for i, gpu in enumerate(("gpu-0", "gpu-1"))
+    ]
+    refs = [(namespace, c["metadata"]["name"], c["metadata"]["uid"]) for c in claims]
+    plugin_dir = kdir / "plugins" / DRIVER
+    path = plugin_dir / "checkpoint.json"
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name):
+        dra_sock = plugin_dir / "dra.sock"
+        assert (await clients.prepare(dra_sock, refs[:1])).claims[refs[0][2]].error == ""
+        before = path.stat()
+        old = path.open("rb")  # a reader in the middle of reading the first version
+        try:
+            assert (await clients.prepare(dra_sock, refs[1:])).claims[refs[1][2]].error == ""
+            after = path.stat()
+            first = json.loads(old.read())
+        finally:
+            old.close()
+        assert after.st_ino != before.st_ino  # a new file renamed over the old one
+        assert stat.S_IMODE(after.st_mode) == 0o600
+        assert list(first["claims"]) == [refs[0][2]]  # the reader still has a whole file
+        assert set(json.loads(path.read_text())["claims"]) == {refs[0][2], refs[1][2]}
+        assert sorted(os.listdir(plugin_dir)) == ["checkpoint.json", "dra.sock"]  # no temp
+
+
+class _ThousandsOfResults(KubeClient):
+    """The API client, but the claims it reads have 5,000 allocation results.
+
+    The API server refuses more than 32 (``status.allocation.devices.results: Too many``),
+    so a claim like this one can only come from a server that does not check it.
+    """
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        claim = super().get_claim(namespace, name)
+        (one,) = claim["status"]["allocation"]["devices"]["results"]
+        claim["status"]["allocation"]["devices"]["results"] = [one] * 5000
+        return claim
+
+
+async def test_a_claim_with_thousands_of_results_is_one_clear_error_over_the_socket(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    claim = create_claim(
+        api, namespace, f"big-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, claim["metadata"]["name"], claim["metadata"]["uid"])
+    driver = FakeDriver(gpus(1))
+    settings = dra.DriverOptions(
+        node_name=node_name, kubelet_dir=kdir, cdi_dir=kdir / "cdi", kubeconfig=kubeconfig
+    ).resolved(driver)
+    kube = await asyncio.to_thread(_ThousandsOfResults.connect, kubeconfig)
+    try:
+        async with DriverServer(driver, settings, kube=kube):
+            dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+            for version in ("v1", "v1beta1"):
+                answer = await clients.prepare(dra_sock, [ref], version=version)
+                assert answer.claims[ref[2]].error == (
+                    f"claim {namespace}/{ref[1]} has 5000 allocation results; "
+                    f"this driver takes at most {MAX_RESULTS}"
+                )
+                assert not answer.claims[ref[2]].devices
+            assert driver.prepared == []
+            assert not list(kdir.glob("cdi/*.json"))
+            # still serving: the next call is answered
+            gone = await clients.unprepare(dra_sock, [ref])
+            assert gone.claims[ref[2]].error == ""
+    finally:
+        kube.close()
+
+
+async def test_more_claims_than_the_per_call_cap_each_get_the_error(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
+) -> None:
+    good = create_claim(
+        api, namespace, f"cap-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = (namespace, good["metadata"]["name"], good["metadata"]["uid"])
+    many = [ref] + [(namespace, f"c{i}", f"uid-{i}") for i in range(MAX_CLAIMS_PER_CALL)]
+    driver = FakeDriver(gpus(1))
+    async with server(driver, kdir, kubeconfig, node_name):
+        dra_sock = kdir / "plugins" / DRIVER / "dra.sock"
+        answer = await clients.prepare(dra_sock, many)
+        errors = {uid: entry.error for uid, entry in answer.claims.items()}
+        assert set(errors) == {uid for _, _, uid in many}
+        assert set(errors.values()) == {
+            f"{MAX_CLAIMS_PER_CALL + 1} claims in one call; at most {MAX_CLAIMS_PER_CALL}"
+        }
+        assert driver.prepared == []
+        # still serving, and a call within the cap prepares
+        within = await clients.prepare(dra_sock, many[:MAX_CLAIMS_PER_CALL])
+        assert within.claims[ref[2]].error == ""
+        assert [d.device_name for d in within.claims[ref[2]].devices] == ["gpu-0"]
+        assert "does not exist" in within.claims["uid-0"].error
 
 
 class _Silent(dra.Driver):
