@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,7 +73,7 @@ def test_both_drivers_render_and_validate() -> None:
         assert "/var/lib/kubelet/device-plugins" not in {
             m["mountPath"] for m in container(ds)["volumeMounts"]
         }
-    assert gpu["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in gpu["spec"]["template"]["spec"]  # unset by default
     # the GPU driver reads the GPU plugin's config (rendered for it: the plugin is off)
     cm = _named(docs, "ConfigMap", "kubedevice-nvidia-config")
     assert "migStrategy: none" in cm["data"]["config.yaml"]
@@ -165,3 +166,237 @@ def test_rendered_dra_options_exist(component: str, depth: int) -> None:
     passed = [a for a in args[depth:] if a.startswith("--")]
     assert "--driver-name" in passed
     assert sorted(set(passed) - known) == []
+
+
+# ---------------------------------------------------------------- hardening (audits 14-16)
+
+DOCS_DRA = CHART.parents[1] / "docs" / "dra.md"
+
+
+def _pod(ds: dict[str, Any]) -> dict[str, Any]:
+    return dict(ds["spec"]["template"]["spec"])
+
+
+def _notes(*settings: str) -> str:
+    args = [a for s in settings for a in ("--set", s)]
+    out = helm("install", "x", str(CHART), "--dry-run", *args).stdout
+    return out.split("NOTES:", 1)[1]
+
+
+def test_gpu_driver_runtime_class_is_set_only_when_asked_and_notes_say_what_to_set() -> None:
+    gpu = daemonset(render(values={"dra.nvidia.enabled": "true"}), "dra-nvidia")
+    # unset by default, as for the GPU plugin: clusters with only the toolkit have no RuntimeClass
+    assert "runtimeClassName" not in _pod(gpu)
+    docs = render(values={"dra.nvidia.enabled": "true", "dra.nvidia.runtimeClassName": "nvidia"})
+    validate_all(docs)
+    assert _pod(daemonset(docs, "dra-nvidia"))["runtimeClassName"] == "nvidia"
+    notes = _notes("dra.nvidia.enabled=true")
+    assert "DaemonSet x-kubedevice-dra-nvidia" in notes
+    assert "--set dra.nvidia.runtimeClassName=nvidia" in notes
+    notes = _notes("dra.nvidia.enabled=true", "dra.nvidia.runtimeClassName=nvidia")
+    assert "kubectl get runtimeclass nvidia" in notes
+
+
+@pytest.mark.parametrize(
+    ("driver_root", "host_path", "mount_path"),
+    [
+        ("/", "/usr", "/host/driver/usr"),
+        ("/run/nvidia/driver", "/run/nvidia/driver", "/host/driver"),
+    ],
+    ids=["host-install", "driver-container"],
+)
+def test_gpu_driver_mounts_only_the_driver_root(
+    driver_root: str, host_path: str, mount_path: str
+) -> None:
+    """The claims' CDI specs list the driver's files (found under --driver-root): the driver
+    root is mounted, and for a host install only its /usr, never the host's /."""
+    docs = render(values={"dra.nvidia.enabled": "true", "dra.nvidia.driverRoot": driver_root})
+    validate_all(docs)
+    gpu = daemonset(docs, "dra-nvidia")
+    args = container(gpu)["args"]
+    assert args[args.index("--driver-root") + 1] == "/host/driver"
+    assert args[args.index("--host-driver-root") + 1] == driver_root
+    [mount] = [m for m in container(gpu)["volumeMounts"] if m["name"] == "driver"]
+    assert mount == {
+        "name": "driver",
+        "mountPath": mount_path,
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
+    assert _host_path(gpu, mount_path) == host_path
+    paths = [v["hostPath"]["path"] for v in _pod(gpu)["volumes"] if "hostPath" in v]
+    assert "/" not in paths
+
+
+def _gpu_config(tmp_path: Path, mig: str) -> dict[str, Path]:
+    (tmp_path / "gpu.yaml").write_text(f"version: v1\nflags:\n  migStrategy: {mig}\n")
+    return {"nvidia.config": tmp_path / "gpu.yaml"}
+
+
+@pytest.mark.parametrize("strategy", ["single", "mixed"])
+def test_gpu_driver_mig_adds_monitor_devices_and_sys_admin(tmp_path: Path, strategy: str) -> None:
+    """The DRA driver reads migStrategy from nvidia.config, as the GPU plugin does: its pod
+    gets what the GPU plugin's gets for MIG."""
+    docs = render(values={"dra.nvidia.enabled": "true"}, set_files=_gpu_config(tmp_path, strategy))
+    validate_all(docs)
+    c = container(daemonset(docs, "dra-nvidia"))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert c["securityContext"]["privileged"] is False
+    # an existing ConfigMap cannot be read: MIG is assumed, as for the GPU plugin
+    docs = render(values={"dra.nvidia.enabled": "true", "nvidia.existingConfigMap": "my-gpus"})
+    env = {e["name"]: e.get("value") for e in container(daemonset(docs, "dra-nvidia"))["env"]}
+    assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+
+
+def test_gpu_driver_without_mig_gets_neither(tmp_path: Path) -> None:
+    docs = render(values={"dra.nvidia.enabled": "true"}, set_files=_gpu_config(tmp_path, "none"))
+    c = container(daemonset(docs, "dra-nvidia"))
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in {e["name"] for e in c["env"]}
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_drivers_schedule_as_the_device_plugins_do() -> None:
+    """Linux nodes only; the GPU driver on the GPU plugin's GPU nodes (NFD's PCI label OR
+    nvidia.com/gpu.present) with its tolerations; the /dev driver tolerates no taint by
+    default."""
+    docs = render(values={**DRA_ON, "nvidia.enabled": "true"})
+    plugin = {c: _pod(daemonset(docs, c)) for c in ("nvidia", "generic")}
+    for component in ("dra-nvidia", "dra-generic"):
+        assert _pod(daemonset(docs, component))["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    gpu = _pod(daemonset(docs, "dra-nvidia"))
+    terms = gpu["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [t["matchExpressions"] for t in terms["nodeSelectorTerms"]] == [
+        [{"key": key, "operator": "In", "values": ["true"]}]
+        for key in ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+    ]
+    assert gpu["affinity"] == plugin["nvidia"]["affinity"]
+    assert gpu["tolerations"] == plugin["nvidia"]["tolerations"]
+    gen = _pod(daemonset(docs, "dra-generic"))
+    # a toleration without a key tolerates every taint
+    assert all(t.get("key") for t in gen["tolerations"]), gen["tolerations"]
+    assert gen["tolerations"] == plugin["generic"]["tolerations"]
+    assert "affinity" not in gen
+
+
+def test_gpu_driver_follows_the_gpu_plugins_affinity_unless_given_its_own() -> None:
+    key = "nvidia\\.com/gpu\\.present"
+    own = "example\\.com/gpu"
+    term = "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    changed = {
+        "dra.nvidia.enabled": "true",
+        f"nvidia.{term}.nodeSelectorTerms[0].matchExpressions[0].key": key.replace("\\", ""),
+    }
+    gpu = _pod(daemonset(render(values=changed), "dra-nvidia"))
+    terms = gpu["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
+    docs = render(
+        values={
+            "dra.nvidia.enabled": "true",
+            f"dra.nvidia.{term}.nodeSelectorTerms[0].matchExpressions[0].key": own,
+            f"dra.nvidia.{term}.nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+        }
+    )
+    validate_all(docs)
+    gpu = _pod(daemonset(docs, "dra-nvidia"))
+    assert gpu["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "example.com/gpu", "operator": "Exists"}]}
+        ]
+    }
+
+
+def test_interpolated_dra_host_paths_are_quoted() -> None:
+    """A path YAML would read as something else (a ``: `` or `` #``) stays the string given."""
+    docs = render(
+        values={
+            **DRA_ON,
+            "dra.cdiDir": "/var/run/cdi: x",
+            "dra.kubeletDir": "/data/kubelet #k",
+            "dra.nvidia.driverRoot": "/run/nvidia #driver",
+        }
+    )
+    validate_all(docs)
+    for component in ("dra-nvidia", "dra-generic"):
+        ds = daemonset(docs, component)
+        assert _host_path(ds, "/var/run/cdi") == "/var/run/cdi: x"
+        assert _host_path(ds, "/data/kubelet #k/plugins") == "/data/kubelet #k/plugins"
+        assert _host_path(ds, "/data/kubelet #k/plugins_registry") == (
+            "/data/kubelet #k/plugins_registry"
+        )
+        args = container(ds)["args"]
+        assert args[args.index("--kubelet-dir") + 1] == "/data/kubelet #k"
+    gpu = daemonset(docs, "dra-nvidia")
+    assert _host_path(gpu, "/host/driver") == "/run/nvidia #driver"
+    args = container(gpu)["args"]
+    assert args[args.index("--host-driver-root") + 1] == "/run/nvidia #driver"
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ("dra.cdiDir=/", "cdiDir"),
+        ("dra.cdiDir=//", "cdiDir"),
+        ("dra.cdiDir=/var/../etc", "cdiDir"),
+        ("dra.cdiDir=var/run/cdi", "cdiDir"),
+        ("dra.kubeletDir=/", "kubeletDir"),
+        ("dra.kubeletDir=/var/lib/kubelet/..", "kubeletDir"),
+        ("dra.nvidia.driverRoot=/run/../", "driverRoot"),
+        ("dra.nvidia.driverRoot=run/nvidia", "driverRoot"),
+        ("dra.nvidia.runtimeClassName=Nvidia Runtime", "runtimeClassName"),
+    ],
+)
+def test_schema_refuses_unsafe_dra_paths(setting: str, needle: str) -> None:
+    proc = helm("template", "x", str(CHART), "--set", "dra.nvidia.enabled=true",
+                "--set", setting, check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert needle in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["dra.cdiDir", "dra.kubeletDir", "dra.nvidia.driverRoot"])
+def test_schema_refuses_dra_host_paths_with_newlines(key: str) -> None:
+    proc = helm("template", "x", str(CHART), "--set", "dra.nvidia.enabled=true",
+                "--set-string", f"{key}=/var/lib/x\n  evil: 1", check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert key.split(".")[-1] in proc.stderr
+
+
+@pytest.mark.parametrize("component", ["generic", "nvidia"])
+def test_schema_refuses_a_null_config(component: str, tmp_path: Path) -> None:
+    values = {"dra.nvidia.enabled": "true", "dra.generic.enabled": "true"}
+    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    proc = helm("template", "x", str(CHART), *sets, "--set", f"{component}.config=null",
+                check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert f"at '/{component}': missing property 'config'" in proc.stderr
+    assert f"at '/{component}/existingConfigMap'" in proc.stderr  # or give that instead
+    (tmp_path / "v.yaml").write_text(f"{component}:\n  config: ~\n")
+    proc = helm("template", "x", str(CHART), *sets, "-f", str(tmp_path / "v.yaml"), check=False)
+    assert proc.returncode != 0
+    assert f"at '/{component}': missing property 'config'" in proc.stderr
+    # with an existing ConfigMap the chart renders no config: none needed
+    render(values={**values, f"{component}.config": "null",
+                   f"{component}.existingConfigMap": "mine"})  # fmt: skip
+
+
+def test_docs_state_the_charts_rbac_and_no_uninstall_hook() -> None:
+    """docs/dra.md says exactly the verbs the chart grants on resourceslices, and promises
+    no uninstall hook the chart does not have."""
+    import re
+
+    text = DOCS_DRA.read_text()
+    role = _named(render(values=DRA_ON), "ClusterRole", "kubedevice-dra-nvidia")
+    [granted] = [sorted(r["verbs"]) for r in role["rules"] if r["resources"] == ["resourceslices"]]
+    stated = re.findall(r"((?:`[a-z]+`(?:,\s+|\s+and\s+)?)+)\s+on\s+`resourceslices`", text)
+    assert len(stated) >= 2, stated
+    for verbs in stated:
+        assert sorted(re.findall(r"`([a-z]+)`", verbs)) == granted, verbs
+    hooks = helm("template", "x", str(CHART), *(a for k, v in DRA_ON.items()
+                                               for a in ("--set", f"{k}={v}"))).stdout  # fmt: skip
+    if "helm.sh/hook" not in hooks:
+        assert "pre-delete" not in text
+        assert "no uninstall hook" in text

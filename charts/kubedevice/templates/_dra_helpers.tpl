@@ -30,18 +30,12 @@ imagePullSecrets:
 securityContext:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $c.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
+{{- $sched := pick $c "nodeSelector" "affinity" "tolerations" }}
+{{- if and (eq .component "nvidia") (not $c.affinity) }}
+{{- /* The GPU nodes the GPU plugin selects (nvidia.affinity): one definition for both. */}}
+{{- $_ := set $sched "affinity" $v.nvidia.affinity }}
 {{- end }}
-{{- with $c.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $c.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "kubedevice.scheduling" $sched }}
 {{- end -}}
 
 {{/* The env every DRA driver gets: its node's name from the downward API, and logging. */}}
@@ -53,12 +47,18 @@ tolerations:
 {{ include "kubedevice.logEnv" .root }}
 {{- end -}}
 
-{{/* The kubelet's DRA plugin directories, the CDI dir and the host's /dev and /sys. */}}
+{{/* A path under the kubelet's directory (dra.kubeletDir), quoted: (dict "root" $ "sub" name). */}}
+{{- define "kubedevice.draKubeletPath" -}}
+{{- printf "%s/%s" (trimSuffix "/" .root.Values.dra.kubeletDir) .sub | quote -}}
+{{- end -}}
+
+{{/* The kubelet's DRA plugin directories (mounted where the kubelet has them: it dials the
+driver's socket by its host path), the CDI dir and the host's /dev and /sys. */}}
 {{- define "kubedevice.draMounts" -}}
 - name: plugins-registry
-  mountPath: {{ .root.Values.dra.kubeletDir }}/plugins_registry
+  mountPath: {{ include "kubedevice.draKubeletPath" (dict "root" .root "sub" "plugins_registry") }}
 - name: plugins
-  mountPath: {{ .root.Values.dra.kubeletDir }}/plugins
+  mountPath: {{ include "kubedevice.draKubeletPath" (dict "root" .root "sub" "plugins") }}
 - name: cdi
   mountPath: /var/run/cdi
 - name: host-dev
@@ -73,23 +73,23 @@ tolerations:
 {{- define "kubedevice.draVolumes" -}}
 - name: plugins-registry
   hostPath:
-    path: {{ .root.Values.dra.kubeletDir }}/plugins_registry
+    path: {{ include "kubedevice.draKubeletPath" (dict "root" .root "sub" "plugins_registry") }}
     type: Directory
 - name: plugins
   hostPath:
-    path: {{ .root.Values.dra.kubeletDir }}/plugins
+    path: {{ include "kubedevice.draKubeletPath" (dict "root" .root "sub" "plugins") }}
     type: DirectoryOrCreate
 - name: cdi
   hostPath:
-    path: {{ .root.Values.dra.cdiDir }}
+    path: {{ .root.Values.dra.cdiDir | quote }}
     type: DirectoryOrCreate
 - name: host-dev
   hostPath:
-    path: /dev
+    path: "/dev"
     type: Directory
 - name: host-sys
   hostPath:
-    path: /sys
+    path: "/sys"
     type: Directory
 {{- end -}}
 

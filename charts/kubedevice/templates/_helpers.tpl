@@ -125,18 +125,37 @@ imagePullSecrets:
 securityContext:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $c.nodeSelector }}
+{{- include "kubedevice.scheduling" $c }}
+{{- end -}}
+
+{{/* A pod's nodeSelector, affinity and tolerations, from a map of values with those keys
+(a component's, or a DRA driver's with its defaults filled in). */}}
+{{- define "kubedevice.scheduling" -}}
+{{- with .nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $c.affinity }}
+{{- with .affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $c.tolerations }}
+{{- with .tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* The GPU pods' container security context: securityContext with the component's own
+(.own) merged over it, plus SYS_ADMIN when MIG is on (.mig), which NVML needs to read the
+MIG capability devices (as NVIDIA's chart). (dict "root" $ "own" map "mig" bool) */}}
+{{- define "kubedevice.gpuSecurityContext" -}}
+{{- $sc := mergeOverwrite (deepCopy .root.Values.securityContext) (deepCopy (.own | default dict)) -}}
+{{- if .mig -}}
+{{- $caps := deepCopy ($sc.capabilities | default dict) -}}
+{{- $_ := set $caps "add" (concat ($caps.add | default list) (list "SYS_ADMIN") | uniq) -}}
+{{- $_ := set $sc "capabilities" $caps -}}
+{{- end -}}
+{{- toYaml $sc -}}
 {{- end -}}
 
 {{/* Container fields both components share (image, command, metrics port, resources):
