@@ -385,6 +385,30 @@ def test_bad_synthetic_file_names_the_field(
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("gpu", "takes"),
+    [(1, "uuid"), (1, "mig"), (2, "pci_bus_id")],
+    ids=["gpu-uuid", "mig-uuid", "bus-id"],
+)
+def test_synthetic_file_with_a_duplicate_names_it_in_one_line(
+    tmp_path: Path, gpu: int, takes: str
+) -> None:
+    doc = json.loads((MACHINES_DIR / "mig-mixed.json").read_text())
+    first = doc["gpus"][0]
+    if takes == "mig":  # two MIG devices (of different GPUs) with one UUID
+        migs = [m for g in doc["gpus"] for m in g.get("mig_devices", [])]
+        migs[-1]["uuid"] = migs[0]["uuid"]
+        field, value = "uuid", migs[0]["uuid"]
+    else:
+        doc["gpus"][gpu][takes] = first[takes]
+        field, value = takes, first[takes]
+    p = tmp_path / "dup.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as e:
+        load_machine(p)
+    assert str(e.value) == f"{p}: gpus: duplicate {field} {value!r}"
+
+
 def test_open_backend_specs() -> None:
     assert isinstance(open_backend("fake:dgx-8gpu"), FakeNvml)
     assert isinstance(open_backend(f"fake:{MACHINES_DIR / 'pcie-4gpu.json'}"), FakeNvml)

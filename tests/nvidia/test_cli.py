@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kubedevice.kubelet import Emulator
-from kubedevice.nvidia.nvml_fake import send_control
+from kubedevice.nvidia.nvml_fake import MACHINES_DIR, send_control
 
 GPU = "nvidia.com/gpu"
 
@@ -249,6 +249,29 @@ def test_info_refuses_what_run_refuses(tmp_path: Path, text: str, message: str) 
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"minor": "zero"}, "gpus.0.minor: expected an integer (got 'zero')"),
+        ({"memory_mib": [1]}, "gpus.0.memory_mib: expected an integer"),
+        ({"mig_capable": "yes"}, "gpus.0.mig_capable: expected true or false (got 'yes')"),
+    ],
+    ids=["minor", "memory", "mig-capable"],
+)
+def test_info_on_a_machine_file_with_a_mistyped_field_is_one_line_exit_2(
+    tmp_path: Path, change: dict[str, Any], says: str
+) -> None:
+    doc = json.loads((MACHINES_DIR / "pcie-4gpu.json").read_text())
+    doc["gpus"][0].update(change)
+    machine = tmp_path / "typo.json"
+    machine.write_text(json.dumps(doc))
+    proc = _kubedevice("nvidia", "info", "--nvml", f"fake:{machine}")
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {machine}: {says}")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_info_shows_a_fake_machines_numa_nodes() -> None:

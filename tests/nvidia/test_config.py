@@ -212,3 +212,21 @@ def test_huge_integers_never_show_pythons_own_hint(health: dict[str, object]) ->
     assert "an integer of about 5001 digits" in text
     assert text.startswith("c.yaml: health.")
     assert len(text.splitlines()) == 1
+
+
+def test_a_300000_item_list_is_too_large_and_aliases_only_when_used(tmp_path: Path) -> None:
+    path = tmp_path / "long.yaml"
+    xids = "".join(f"    - {i % 256}\n" for i in range(300_000))
+    path.write_text(f"version: v1\nhealth:\n  ignoredXids:\n{xids}")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: too large: more than 100,000 values (lists, mappings and scalars); refused"
+    )
+    # the same bulk made of aliases says so (a 1,000-item list used 300 times)
+    block = "[" + ", ".join(["13"] * 1000) + "]"
+    uses = "".join(f"  u{i}: *xids\n" for i in range(300))
+    path.write_text(f"version: v1\nx-bulk:\n  base: &xids {block}\n{uses}")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: aliases expand it to more than 100,000 nodes; refused"

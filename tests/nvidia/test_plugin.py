@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from kubedevice.errors import AdmissionError, ConfigError, NvmlError
 from kubedevice.kubelet import Emulator
 from kubedevice.nvidia.backend import EventKind, HealthEvent
 from kubedevice.nvidia.config import Config, parse_config
+from kubedevice.nvidia.metrics import METRIC_PREFIX
+from kubedevice.nvidia.nvml_fake import CONTROL_ENV, send_control
 from kubedevice.nvidia.runner import GpuPlugins
 
 from .conftest import pod
@@ -410,6 +413,62 @@ async def test_metrics_carry_the_pods_labels_health_and_xids(
         "xid_errors_total" in line and uuid in line and 'xid="48"' in line
         for line in text.splitlines()
     )
+
+
+async def test_metrics_answer_200_after_control_messages_of_the_wrong_types(
+    dp_dir: Path, sock_dir: Path, gpu_host: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctl = sock_dir / "nvml.sock"
+    monkeypatch.setenv(CONTROL_ENV, str(ctl))
+    host = gpu_host("pcie-4gpu")
+    u = [g.info.uuid for g in host.nvml.machine.gpus]
+    async with Emulator(dp_dir, control_socket=False) as emu:
+        overrides = {**host.overrides(), "pod_resources_socket": str(emu.pod_resources_socket)}
+        plugins = GpuPlugins(
+            _config(health={"quietPeriod": "1h"}),
+            host.nvml,
+            device_plugin_dir=dp_dir,
+            overrides=overrides,
+            metrics_address="127.0.0.1:0",
+        )
+        async with plugins:
+            await emu.wait_for_resource(GPU, allocatable=4, timeout=5)
+            main = (await emu.apply_pod(pod("held", GPU, 1))).container("main")
+            (held,) = main.devices[GPU]
+            for values in (
+                {"utilization_gpu": "busy"},
+                {"memory_used": -1},
+                {"power_mw": 10**30},
+                {"temperature_c": 1.5},
+                {"processes": [{"pid": "x"}]},
+                {"processes": "all"},
+                {"remapped_rows_pending": 3},
+                {"no_such_field": 1},
+            ):
+                send_control(ctl, {"op": "sample", "uuid": held, "values": values})
+            send_control(ctl, {"op": "xid", "uuid": held, "xid": "48"})
+            send_control(ctl, {"op": "sample", "uuid": held, "values": ["utilization_gpu"]})
+            send_control(ctl, {"op": "sample", "uuid": held, "values": {"utilization_gpu": 61}})
+            victim = next(x for x in u if x != held)
+            send_control(ctl, {"op": "xid", "uuid": victim, "xid": 48})  # after all the others
+            await emu.wait_until(lambda: _health(emu, GPU, victim) == "Unhealthy", 5.0)
+            url = plugins.metrics_url
+            assert url is not None
+            status, text = await asyncio.to_thread(_get, url)
+            assert _health(emu, GPU, held) == "Healthy"  # the bad xid did nothing
+    assert status == 200
+    lines = text.splitlines()
+    util = [line for line in lines if line.startswith(f"{METRIC_PREFIX}_utilization_percent")]
+    assert any(f'uuid="{held}"' in line and line.endswith(" 61.0") for line in util), util
+    assert any("xid_errors" in line and victim in line for line in lines)
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 def _scrape(url: str) -> str:
