@@ -73,7 +73,11 @@ def _check_record(cluster: Cluster, ns: str, ds: dict[str, Any], pod: Any) -> di
     assert not record.get("error"), record["error"]
     got_env = envs(record)
     for e in rendered["env"]:
-        assert got_env.get(e["name"]) == e["value"], e["name"]
+        if "value" in e:
+            assert got_env.get(e["name"]) == e["value"], e["name"]
+        else:  # only the downward API's node name is rendered (the DRA drivers' NODE_NAME)
+            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, e
+            assert got_env.get(e["name"]) == NODE, e["name"]
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["container_path"]: m for m in record["mounts"]}
     for m in rendered["volumeMounts"]:
@@ -217,3 +221,79 @@ def test_helm_install_upgrade_with_reuse_values_and_uninstall(
     assert apps.list_namespaced_daemon_set(ns).items == []
     names = [c.metadata.name for c in cluster.core.list_namespaced_config_map(ns).items]
     assert not [n for n in names if n.startswith("kd-")], names
+
+
+@contextlib.contextmanager
+def _create_dra(cluster: Cluster, ns: str, docs: list[dict[str, Any]]) -> Iterator[None]:
+    """Create everything the chart rendered: the ServiceAccounts and ConfigMaps first (a pod
+    naming a missing ServiceAccount is refused), then the RBAC and the DaemonSets; the
+    cluster-scoped objects are deleted afterwards."""
+    apps = client.AppsV1Api(cluster.api)
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == [
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "ServiceAccount",
+    ], kinds  # fmt: skip
+    for sa in by_kind(docs, "ServiceAccount"):
+        cluster.core.create_namespaced_service_account(ns, sa)
+    for cm in by_kind(docs, "ConfigMap"):
+        cluster.core.create_namespaced_config_map(ns, cm)
+    made: list[tuple[Any, str]] = []
+    try:
+        for role in by_kind(docs, "ClusterRole"):
+            rbac.create_cluster_role(role)
+            made.append((rbac.delete_cluster_role, role["metadata"]["name"]))
+        for binding in by_kind(docs, "ClusterRoleBinding"):
+            rbac.create_cluster_role_binding(binding)
+            made.append((rbac.delete_cluster_role_binding, binding["metadata"]["name"]))
+        for ds in by_kind(docs, "DaemonSet"):
+            apps.create_namespaced_daemon_set(ns, ds)
+        yield
+    finally:
+        for delete, name in reversed(made):
+            with contextlib.suppress(ApiException):
+                delete(name)
+
+
+def test_dra_daemonsets_run_on_the_real_kubelet(cluster: Cluster, ns: str, tmp_path: Path) -> None:
+    """Both DRA drivers' DaemonSets, default values otherwise: each pod is admitted and Running
+    on the GPU-labelled node, with its hostPath volumes (the kubelet's plugin directories, the
+    CDI dir, /dev, /sys and for the GPU driver the driver root's /usr) set up as rendered."""
+    kubelet = cluster.kubelet
+    assert kubelet is not None
+    docs = render(
+        namespace=ns,
+        release=f"dra-{ns[-5:]}",  # its own ClusterRole names
+        values={
+            "dra.nvidia.enabled": "true",
+            "dra.generic.enabled": "true",
+            # this cluster's kubelet root dir (plugins_registry/ must exist: type Directory)
+            "dra.kubeletDir": str(kubelet.root),
+            "dra.cdiDir": str(tmp_path / "cdi"),  # DirectoryOrCreate: not the machine's own
+        },
+    )
+    gpu, gen = daemonset(docs, "dra-nvidia"), daemonset(docs, "dra-generic")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_create_dra(cluster, ns, docs))
+        stack.enter_context(_node_label(cluster, GPU_LABEL, "true"))
+        pods = {name: _running_pod(cluster, ns, ds) for name, ds in (("gpu", gpu), ("gen", gen))}
+        records = {
+            "gpu": _check_record(cluster, ns, gpu, pods["gpu"]),
+            "gen": _check_record(cluster, ns, gen, pods["gen"]),
+        }
+    assert pods["gpu"].spec.runtime_class_name is None  # no RuntimeClass needed by default
+    for name, ds in (("gpu", gpu), ("gen", gen)):
+        pod, record = pods[name], records[name]
+        assert pod.spec.service_account_name == ds["metadata"]["name"]
+        assert pod.spec.node_selector == {"kubernetes.io/os": "linux"}
+        assert envs(record)["NODE_NAME"] == NODE
+        mounts = {m["container_path"]: m["host_path"] for m in record["mounts"]}
+        assert mounts[f"{kubelet.root}/plugins_registry"] == f"{kubelet.root}/plugins_registry"
+        assert mounts[f"{kubelet.root}/plugins"] == f"{kubelet.root}/plugins"
+        assert mounts["/var/run/cdi"] == str(tmp_path / "cdi")
+        assert "/" not in mounts.values()  # never the host's root
+    assert (tmp_path / "cdi").is_dir()  # the kubelet created it (DirectoryOrCreate)
+    gpu_mounts = {m["container_path"]: m for m in records["gpu"]["mounts"]}
+    assert gpu_mounts["/host/driver/usr"]["host_path"] == "/usr"  # driverRoot "/": /usr only
+    assert gpu_mounts["/host/driver/usr"]["readonly"] is True
+    assert envs(records["gpu"])["NVIDIA_VISIBLE_DEVICES"] == "all"
