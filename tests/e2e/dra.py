@@ -422,6 +422,27 @@ def release(cluster: Cluster, ns: str, drivers: list[DraDriver]) -> None:
         drv.wait_specs(lambda specs: not specs, f"{drv.name}: every claim unprepared")
 
 
+def share_one_claim(cluster: Cluster, ns: str, drv: DraDriver, device_class_name: str) -> None:
+    """Two pods using one ResourceClaim: both containers get the same single CDI device, the
+    driver prepares the claim once, and its spec stays until the second pod is gone."""
+    create_claim(cluster, ns, "shared", claim_spec(request("dev", device_class_name)))
+    run_claim_pod(cluster, ns, claim_pod("a", claim="shared"))
+    run_claim_pod(cluster, ns, claim_pod("b", claim="shared"))
+    kubelet = cluster.kubelet
+    assert kubelet is not None
+    ids = [
+        [d["name"] for d in kubelet.created(ns, p, "main").get("cdiDevices") or []] for p in "ab"
+    ]
+    assert ids[0] == ids[1]
+    assert len(ids[0]) == 1
+    assert log_count(drv.log, PREPARED) == 1
+    assert len(drv.cdi_specs()) == 1
+    delete_pod(cluster, ns, "a")
+    assert len(drv.cdi_specs()) == 1  # b still uses it
+    delete_pod(cluster, ns, "b")
+    drv.wait_specs(lambda specs: not specs, "the shared claim's spec removed")
+
+
 def wait_unschedulable(cluster: Cluster, ns: str, name: str, timeout: float = 30) -> Any:
     def unschedulable(p: Any) -> bool:
         return any(

@@ -11,13 +11,11 @@ import pytest
 from .cluster import Cluster, envs
 from .dra import (
     POD_TIMEOUT,
-    PREPARED,
     UNPREPARED,
     GenericDra,
     allocated,
     claim_pod,
     claim_spec,
-    create_claim,
     create_template,
     delete_pod,
     device_class,
@@ -26,6 +24,7 @@ from .dra import (
     release,
     request,
     run_claim_pod,
+    share_one_claim,
     slice_devices,
     wait_file,
     wait_slices,
@@ -163,20 +162,7 @@ def test_a_claim_shared_by_two_pods_is_prepared_once(
     drv = dev_dra("/dev/e2e0", "/dev/e2e1")
     wait_slices(cluster, DRIVER, lambda n: len(n) == 2, "2 devices")
     with device_class(cluster, IS_E2E) as cls:
-        create_claim(cluster, ns, "shared", claim_spec(request("dev", cls)))
-        run_claim_pod(cluster, ns, claim_pod("a", claim="shared"))
-        run_claim_pod(cluster, ns, claim_pod("b", claim="shared"))
-        kubelet = cluster.kubelet
-        assert kubelet is not None
-        ids = [[d["name"] for d in kubelet.created(ns, p, "main")["cdiDevices"]] for p in "ab"]
-        assert ids[0] == ids[1]
-        assert len(ids[0]) == 1
-        assert log_count(drv.log, PREPARED) == 1
-        assert len(drv.cdi_specs()) == 1
-        delete_pod(cluster, ns, "a")
-        assert len(drv.cdi_specs()) == 1  # b still uses it
-        delete_pod(cluster, ns, "b")
-        drv.wait_specs(lambda specs: not specs, "the shared claim's spec removed")
+        share_one_claim(cluster, ns, drv, cls)
 
 
 def test_restarts_of_the_driver_and_the_kubelet(

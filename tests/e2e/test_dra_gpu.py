@@ -16,13 +16,11 @@ import pytest
 from .cluster import Cluster
 from .dra import (
     POD_TIMEOUT,
-    PREPARED,
     UNPREPARED,
     GpuDra,
     allocated,
     claim_pod,
     claim_spec,
-    create_claim,
     create_template,
     delete_pod,
     device_class,
@@ -31,6 +29,7 @@ from .dra import (
     release,
     request,
     run_claim_pod,
+    share_one_claim,
     slice_devices,
     wait_file,
     wait_slices,
@@ -133,21 +132,7 @@ def test_a_claim_shared_by_two_pods_is_prepared_once(
     drv = gpu_dra()
     wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
     with device_class(cluster, IS_GPU) as cls:
-        create_claim(cluster, ns, "shared", claim_spec(request("gpu", cls)))
-        run_claim_pod(cluster, ns, claim_pod("a", claim="shared"))
-        run_claim_pod(cluster, ns, claim_pod("b", claim="shared"))
-        kubelet = cluster.kubelet
-        assert kubelet is not None
-        ids_a = _cdi_ids(kubelet.created(ns, "a", "main"))
-        ids_b = _cdi_ids(kubelet.created(ns, "b", "main"))
-        assert ids_a == ids_b
-        assert len(ids_a) == 1
-        assert log_count(drv.log, PREPARED) == 1
-        assert len(drv.cdi_specs()) == 1
-        delete_pod(cluster, ns, "a")
-        assert len(drv.cdi_specs()) == 1  # b still uses it
-        delete_pod(cluster, ns, "b")
-        drv.wait_specs(lambda specs: not specs, "the shared claim's spec removed")
+        share_one_claim(cluster, ns, drv, cls)
 
 
 def test_a_restarted_driver_unprepares_what_it_prepared(
