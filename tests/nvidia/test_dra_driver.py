@@ -167,3 +167,49 @@ async def test_an_unknown_device_fails_the_claim(gpu_host: Any) -> None:
             await driver.prepare(_claim(driver, ["gpu-9"]))
     finally:
         await gen.aclose()
+
+
+async def test_unpreparing_a_claim_leaves_the_level_of_the_newest_claim_still_prepared(
+    gpu_host: Any,
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        uuid = {gd.device.name: gd.gpu.uuid for gd in driver.gpu_devices}["gpu-2"]
+        prepared = {}
+        for uid, interval in (("u1", "Long"), ("u2", "Short"), ("u3", "Medium")):
+            prepared[uid] = await driver.prepare(
+                _claim(driver, ["gpu-2"], _slicing(interval), uid=uid)
+            )
+        assert host.nvml.time_slice(uuid) == 2  # the newest claim's: Medium
+        assert [dict(p.data) for p in prepared["u2"]] == [{"gpu": uuid, "timeSlice": 1, "order": 2}]
+
+        async def unprepare(uid: str) -> int:
+            await driver.unprepare(PreparedClaim(ClaimRef("default", "c", uid)))
+            return host.nvml.time_slice(uuid)
+
+        assert await unprepare("u2") == 2  # not the one in force: Medium stands
+        assert await unprepare("u3") == 3  # the one in force: back to u1's Long
+        assert await unprepare("u1") == 0  # the last one: Default
+    finally:
+        await gen.aclose()
+
+
+async def test_a_gpu_refusing_the_time_slice_gives_back_what_the_claim_set(gpu_host: Any) -> None:
+    host = gpu_host("dgx-8gpu")
+    driver = GpuDraDriver(_config(host, disabled=True), host.nvml)  # no health: prepare tries
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        uuid = {gd.device.name: gd.gpu.uuid for gd in driver.gpu_devices}
+        await driver.prepare(_claim(driver, ["gpu-2"], _slicing("Medium"), uid="u1"))
+        host.nvml.set_lost(uuid["gpu-5"], True)
+        with pytest.raises(ClaimError, match="cannot set the time-slice interval of gpu-5"):
+            await driver.prepare(_claim(driver, ["gpu-2", "gpu-5"], _slicing("Long"), uid="u2"))
+        assert host.nvml.time_slice(uuid["gpu-2"]) == 2  # u1's again, not u2's Long
+        await driver.unprepare(PreparedClaim(ClaimRef("default", "c", "u1")))
+        assert host.nvml.time_slice(uuid["gpu-2"]) == 0  # u2 holds nothing on it
+    finally:
+        await gen.aclose()

@@ -8,11 +8,13 @@ server; tests/e2e/test_dra_kit.py on the real scheduler and kubelet). docs/dra.m
 
 A driver author subclasses :class:`Driver`: :meth:`Driver.devices` yields the node's
 devices (a full list on every change), :meth:`Driver.prepare` says what a claim's
-containers get (the default: each device's own ``edits``) and :meth:`Driver.unprepare`
-undoes it. The kit registers with the kubelet, serves ``v1.DRAPlugin`` and
-``v1beta1.DRAPlugin`` (and ``v1alpha1.DRAResourceHealth``), reads each claim from the API
-server, writes one CDI spec per claim, keeps a checkpoint of prepared claims, and
-publishes the devices as ResourceSlices of the node's pool.
+containers get (the default: each device's own ``edits``, plus any ``data`` the driver
+keeps with the claim), :meth:`Driver.unprepare` undoes it and :meth:`Driver.restore`
+rebuilds the driver's state from the checkpoint at start. The kit registers with the
+kubelet, serves ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` (and
+``v1alpha1.DRAResourceHealth``), reads each claim from the API server, writes one CDI spec
+per claim, keeps a checkpoint of prepared claims, and publishes the devices as
+ResourceSlices of the node's pool.
 
 Plugin side: never imports the kubelet emulator or the conformance kit.
 """

@@ -1,8 +1,10 @@
 """The prepared-claim checkpoint: which claims this driver prepared, with what answer.
 
-A JSON file in the driver's plugin dir, replaced atomically on every change, with a
-SHA-256 checksum over its claims. A file that cannot be read back (bad JSON, wrong
-checksum, wrong shape, a symlink) is moved aside as ``<name>.corrupt-<time>`` with a
+A JSON file in the driver's plugin dir, replaced atomically on every change, with a SHA-256
+checksum over its claims (the driver's per-device ``data`` included). A device without data
+has no ``data`` key, so a file written before there was one reads the same and a driver that
+keeps none writes what older versions wrote. A file that cannot be read back (bad JSON,
+wrong checksum, wrong shape, a symlink) is moved aside as ``<name>.corrupt-<time>`` with a
 warning and the driver starts empty, so a restarted driver can still unprepare what it
 prepared before whenever the file is sound.
 """
@@ -15,7 +17,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final
 
 from kubedevice.dra.types import ClaimRef, PreparedClaim
@@ -91,20 +95,26 @@ def _checksum(claims: dict[str, Any]) -> str:
 
 
 def _encode_claim(claim: PreparedClaim) -> dict[str, Any]:
-    return {
-        "namespace": claim.ref.namespace,
-        "name": claim.ref.name,
-        "devices": [
-            {
-                "request": request,
-                "pool": pool,
-                "device": device,
-                "cdiIDs": list(claim.cdi_ids[i]) if i < len(claim.cdi_ids) else [],
-                "shareID": claim.share_ids[i] if i < len(claim.share_ids) else None,
-            }
-            for i, (request, pool, device) in enumerate(claim.devices)
-        ],
-    }
+    devices: list[dict[str, Any]] = []
+    for i, (request, pool, device) in enumerate(claim.devices):
+        entry: dict[str, Any] = {
+            "request": request,
+            "pool": pool,
+            "device": device,
+            "cdiIDs": list(claim.cdi_ids[i]) if i < len(claim.cdi_ids) else [],
+            "shareID": claim.share_ids[i] if i < len(claim.share_ids) else None,
+        }
+        if i < len(claim.data) and claim.data[i]:
+            entry["data"] = dict(claim.data[i])
+        devices.append(entry)
+    return {"namespace": claim.ref.namespace, "name": claim.ref.name, "devices": devices}
+
+
+def _decode_data(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+    data = entry.get("data", {})
+    if not isinstance(data, dict):
+        raise ValueError(f"device {entry.get('device')!r}: data is not a JSON object")
+    return MappingProxyType(data)
 
 
 def _decode(raw: bytes, driver_name: str) -> dict[str, PreparedClaim]:
@@ -130,5 +140,6 @@ def _decode(raw: bytes, driver_name: str) -> dict[str, PreparedClaim]:
             share_ids=tuple(
                 None if d.get("shareID") is None else str(d["shareID"]) for d in devices
             ),
+            data=tuple(_decode_data(d) for d in devices),
         )
     return out

@@ -43,7 +43,9 @@ class Driver(abc.ABC):
 
         Called once per claim UID (a claim shared by several pods, or asked again, is
         answered from the checkpoint). Apply ``claim.configs`` (or each device's
-        ``configs``, already filtered per request and in order) here.
+        ``configs``, already filtered per request and in order) here. What the driver
+        must remember about a device to undo it later goes in :attr:`PreparedDevice.data`:
+        the checkpoint keeps it, so it outlives a restart of the driver.
 
         The default gives each device its own :attr:`Device.edits`, and fails the claim
         if a device is no longer published.
@@ -58,5 +60,14 @@ class Driver(abc.ABC):
     async def unprepare(self, claim: PreparedClaim) -> None:  # noqa: B027 (optional hook)
         """Undo :meth:`prepare` for ``claim`` (also for claims prepared before a restart).
 
-        The default does nothing (the kit removes the claim's CDI spec itself).
+        ``claim.data`` has what :meth:`prepare` recorded for each device. The default does
+        nothing (the kit removes the claim's CDI spec itself).
+        """
+
+    async def restore(self, claims: Sequence[PreparedClaim]) -> None:  # noqa: B027 (optional hook)
+        """Rebuild the driver's state from the claims an earlier run prepared.
+
+        Called once at start, with every claim of the checkpoint (none on a first start),
+        before :meth:`devices` and before any :meth:`prepare` or :meth:`unprepare`. If it
+        raises, the driver does not start. The default does nothing.
         """

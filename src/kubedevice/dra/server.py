@@ -1,9 +1,10 @@
 """DriverServer: one DRA driver's sockets, registration, devices, slices and health.
 
-Start-up order: the checkpoint is loaded, the first device list is awaited, the DRA socket
-serves (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, unless turned off,
-``v1alpha1.DRAResourceHealth``), then the registration socket appears in the kubelet's
-``plugins_registry/`` (the kubelet dials the DRA socket only after that). inotify on both
+Start-up order: the checkpoint is loaded and handed to the driver's ``restore`` hook, the
+first device list is awaited, the DRA socket serves (``v1.DRAPlugin``,
+``v1beta1.DRAPlugin`` and, unless turned off, ``v1alpha1.DRAResourceHealth``), then the
+registration socket appears in the kubelet's ``plugins_registry/`` (the kubelet dials the
+DRA socket only after that). inotify on both
 directories puts a socket back within milliseconds when it is removed; the kubelet's
 re-registration (after its restart) republishes the slices. On stop the registration
 socket goes first, then the DRA socket; slices stay (a restarted driver adopts them; the
@@ -103,8 +104,8 @@ class DriverServer:
 
         Raises:
             ConfigError: The API client cannot be configured.
-            KubeDeviceError: The driver's device list failed before its first snapshot,
-                or a socket cannot be served.
+            KubeDeviceError: The driver's ``restore`` hook failed, its device list failed
+                before its first snapshot, or a socket cannot be served.
         """
         s = self.settings
         self._failed = asyncio.get_running_loop().create_future()
@@ -120,6 +121,7 @@ class DriverServer:
             cdi=self.cdi,
             devices=lambda: self._devices,
         )
+        await self.claims.restore()
         if s.publish:
             self.publisher = SlicePublisher(self._kube, s.driver_name, s.node_name)
             self._spawn(self.publisher.run(), "publish ResourceSlices")

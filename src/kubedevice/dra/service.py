@@ -1,23 +1,27 @@
 """The DRA kubelet-plugin services v1 and v1beta1, answered by one handler.
 
 ``NodePrepareResources``: per claim, the checkpoint's answer when the claim was prepared
-before (idempotent; a claim shared by several pods is prepared once), else the claim is
-read from the API server, checked, handed to the driver's ``prepare`` hook, its CDI spec
-written and the checkpoint saved. ``NodeUnprepareResources``: the ``unprepare`` hook, the
-spec removed, the claim forgotten; an unknown claim is success. A claim's failure goes in
-its own ``error``; the other claims of the call are unaffected. v1beta1 has the same
-messages (less ``Device.share_id``), so its requests are read as v1 and the answers
-re-encoded.
+before (idempotent; a claim shared by several pods is prepared once), else the claim is read
+from the API server, checked, handed to the driver's ``prepare`` hook, its CDI spec written
+and the checkpoint saved (with each device's ``data`` from the hook).
+``NodeUnprepareResources``: the ``unprepare`` hook, the spec removed, the claim forgotten;
+an unknown claim is success. At start the checkpoint's claims go to the ``restore`` hook. A
+claim's failure goes in its own ``error``; the other claims of the call are unaffected.
+v1beta1 has the same messages (less ``Device.share_id``), so its requests are read as v1 and
+the answers re-encoded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 import grpc
@@ -30,6 +34,7 @@ from kubedevice.dra.claims import claim_from_object
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.kube import KubeClient
 from kubedevice.dra.types import (
+    MAX_DEVICE_DATA_BYTES,
     Claim,
     ClaimRef,
     ContainerEdits,
@@ -37,7 +42,7 @@ from kubedevice.dra.types import (
     PreparedClaim,
     PreparedDevice,
 )
-from kubedevice.errors import ClaimError, KubeApiError
+from kubedevice.errors import ClaimError, KubeApiError, KubeDeviceError
 
 __all__ = ["ClaimService", "V1Servicer", "V1beta1Servicer"]
 
@@ -90,6 +95,22 @@ class ClaimService:
         self._save_lock = asyncio.Lock()
         self._changes = 0  # checkpoint changes made
         self._saved = 0  # of which saved
+
+    async def restore(self) -> None:
+        """Hand every claim of the (loaded) checkpoint to the driver's ``restore`` hook.
+
+        Raises:
+            KubeDeviceError: The hook failed.
+        """
+        claims = list(self.checkpoint.claims.values())
+        try:
+            await _call_hook(self.driver.restore, claims)
+        except Exception as exc:
+            raise KubeDeviceError(
+                f"the driver's restore hook failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if claims:
+            log.info("%d prepared claims handed to the driver's restore hook", len(claims))
 
     # ---- the RPCs (v1 messages) ------------------------------------------------------
 
@@ -174,6 +195,7 @@ class ClaimService:
             devices=tuple((p.device.request, p.device.pool, p.device.name) for p in prepared),
             cdi_ids=tuple(cdi_ids),
             share_ids=tuple(p.device.share_id for p in prepared),
+            data=tuple(p.data for p in prepared),
         )
         try:
             await asyncio.to_thread(self.cdi.write, ref.uid, specs)
@@ -283,8 +305,25 @@ def _check_prepared(claim: Claim, results: Any) -> list[PreparedDevice]:
                 f"the prepare hook returned device {item.device.name} (request "
                 f"{item.device.request}), which is not allocated to the claim"
             )
-        out.append(item)
+        out.append(dataclasses.replace(item, data=_json_data(item)))
     return out
+
+
+def _json_data(item: PreparedDevice) -> Mapping[str, Any]:
+    """The device's ``data`` as the checkpoint will give it back (read from its JSON)."""
+    what = f"the prepare hook's data for device {item.device.name}"
+    if not isinstance(item.data, Mapping):
+        raise ClaimError(f"{what} is {type(item.data).__name__}, not a mapping")
+    try:
+        if not all(isinstance(key, str) for key in item.data):
+            raise TypeError("its keys must be strings")
+        text = json.dumps(dict(item.data), allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ClaimError(f"{what} is not JSON: {exc}") from None
+    if len(text.encode()) > MAX_DEVICE_DATA_BYTES:
+        raise ClaimError(f"{what} is larger than {MAX_DEVICE_DATA_BYTES} bytes as JSON")
+    data: dict[str, Any] = json.loads(text)
+    return MappingProxyType(data)
 
 
 def _answer(prepared: PreparedClaim) -> v1.NodePrepareResourceResponse:

@@ -18,6 +18,7 @@ from kubedevice.errors import ConfigError
 
 __all__ = [
     "MAX_ATTRIBUTES_AND_CAPACITIES",
+    "MAX_DEVICE_DATA_BYTES",
     "AllocatedDevice",
     "AttributeValue",
     "Claim",
@@ -36,6 +37,8 @@ __all__ = [
 
 #: resource.k8s.io/v1: at most 32 attributes and capacities together per device.
 MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
+#: At most this many bytes of :attr:`PreparedDevice.data` per device, encoded as JSON.
+MAX_DEVICE_DATA_BYTES: Final = 10 * 1024
 
 # A DNS label: the device name in a ResourceSlice (and a pool/claim-request name).
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -320,10 +323,16 @@ class PreparedDevice:
     Args:
         device: The allocated device (from :attr:`Claim.devices`).
         edits: Env, device nodes and mounts, written into the claim's CDI spec.
+        data: The driver's own record of what it did for this device (a JSON object:
+            ``str`` keys, JSON values, at most :data:`MAX_DEVICE_DATA_BYTES` encoded). The
+            kit keeps it in the checkpoint with the claim and gives it back in
+            :attr:`PreparedClaim.data`, to ``unprepare`` and, after a restart, to
+            ``restore``.
     """
 
     device: AllocatedDevice
     edits: ContainerEdits = field(default_factory=ContainerEdits)
+    data: Mapping[str, Any] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,9 +344,12 @@ class PreparedClaim:
         devices: ``(request, pool, device name)`` of each prepared device.
         cdi_ids: The CDI device IDs answered to the kubelet, per device, same order.
         share_ids: The share ID of each device (``None`` for a whole device), same order.
+        data: The :attr:`PreparedDevice.data` the prepare hook gave each device (an empty
+            mapping for none), same order, as read back from JSON (lists, not tuples).
     """
 
     ref: ClaimRef
     devices: tuple[tuple[str, str, str], ...] = ()
     cdi_ids: tuple[tuple[str, ...], ...] = ()
     share_ids: tuple[str | None, ...] = ()
+    data: tuple[Mapping[str, Any], ...] = ()

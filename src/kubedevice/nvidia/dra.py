@@ -12,6 +12,13 @@ Prepare: each allocated device's opaque ``GpuConfig`` / ``MigDeviceConfig``
 then applied (the time-slice interval, through the backend); the claim's CDI spec gets
 each device's own nodes (``/dev/nvidia<minor>``, MIG capability nodes), and once per
 claim the control nodes and the driver's files.
+
+Time slices of claims that share a GPU: the level in force is the one the most recently
+prepared of them asked for. Unpreparing a claim leaves the GPU as if that claim had never
+been prepared: the level of the most recent remaining claim that set one, or ``Default``
+when none is left (the backend is called only when the level changes). What each claim set
+(GPU UUID, level, order) is its devices' ``data`` in the kit's checkpoint, and the
+``restore`` hook rebuilds it at start, so a restarted driver still gives a GPU back.
 """
 
 from __future__ import annotations
@@ -20,9 +27,9 @@ import asyncio
 import logging
 import os
 import subprocess
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from kubedevice.dra import (
     ClaimError,
@@ -80,8 +87,10 @@ class GpuDraDriver(Driver):
         self._driver_files: list[str] = []
         self._changed = asyncio.Event()
         self._started = asyncio.Event()
-        # GPU UUID -> claim UID -> the time-slice level that claim set
-        self._slices: dict[str, dict[str, int]] = {}
+        # GPU UUID -> claim UID -> (order prepared, the time-slice level that claim set)
+        self._slices: dict[str, dict[str, tuple[int, int]]] = {}
+        self._order = 0  # the highest order given (or restored)
+        self._slice_lock = asyncio.Lock()  # one time-slice change at a time
 
     # ------------------------------------------------------------------ devices
 
@@ -234,38 +243,96 @@ class GpuDraDriver(Driver):
             raise NvmlError("Unknown", f"nvidia-smi: {text[-1] if text else proc.returncode}", uuid)
 
     async def prepare(self, claim: Claim) -> Sequence[PreparedDevice]:
-        """Check every device and config of ``claim``, apply the configs, give the edits."""
+        """Check every device and config of ``claim``, apply the configs, give the edits.
+
+        Each device's ``data`` records the time slice it set (``gpu``, ``timeSlice``,
+        ``order``), for :meth:`unprepare` and :meth:`restore`. If a GPU refuses, what the
+        claim set on the others is given back and the claim fails.
+        """
         plan = self._check(claim)
         uid = claim.ref.uid
-        for gd, level in plan:
-            if level is None:
-                continue
-            try:
-                await asyncio.to_thread(self._set_time_slice, gd.gpu.uuid, level)
-            except NvmlError as exc:
-                raise ClaimError(
-                    f"cannot set the time-slice interval of {gd.device.name}: {exc}"
-                ) from None
-            self._slices.setdefault(gd.gpu.uuid, {})[uid] = level
-            log.info("time-slice level %d set on %s for claim %s", level, gd.gpu.uuid, claim.ref)
+        data: list[Mapping[str, Any]] = []
+        async with self._slice_lock:
+            for gd, level in plan:
+                if level is None:
+                    data.append({})
+                    continue
+                try:
+                    await asyncio.to_thread(self._set_time_slice, gd.gpu.uuid, level)
+                except NvmlError as exc:
+                    await self._release(uid)
+                    raise ClaimError(
+                        f"cannot set the time-slice interval of {gd.device.name}: {exc}"
+                    ) from None
+                self._order += 1
+                self._slices.setdefault(gd.gpu.uuid, {})[uid] = (self._order, level)
+                data.append({"gpu": gd.gpu.uuid, "timeSlice": level, "order": self._order})
+                log.info(
+                    "time-slice level %d set on %s for claim %s", level, gd.gpu.uuid, claim.ref
+                )
         return [
-            PreparedDevice(allocated, self._edits(gd, i == 0))
-            for i, (allocated, (gd, _level)) in enumerate(zip(claim.devices, plan, strict=True))
+            PreparedDevice(allocated, self._edits(gd, i == 0), data=record)
+            for i, (allocated, (gd, _level), record) in enumerate(
+                zip(claim.devices, plan, data, strict=True)
+            )
         ]
 
     async def unprepare(self, claim: PreparedClaim) -> None:
-        """Give back the time-slice setting of GPUs that no other claim set."""
-        uid = claim.ref.uid
+        """Give each GPU the claim set a time slice on the level still in force without it."""
+        async with self._slice_lock:
+            self._remember(claim)
+            await self._release(claim.ref.uid)
+
+    async def restore(self, claims: Sequence[PreparedClaim]) -> None:
+        """Take back what the claims prepared before a restart set (from their ``data``)."""
+        async with self._slice_lock:
+            for claim in claims:
+                self._remember(claim)
+        if self._slices:
+            log.info("time slices of earlier claims restored on %d GPU(s)", len(self._slices))
+
+    def _remember(self, claim: PreparedClaim) -> None:
+        """Record the time slices in ``claim``'s data that are not known yet."""
+        levels = set(TIME_SLICE_LEVELS.values())
+        for record in claim.data:
+            if not record:
+                continue
+            gpu = record.get("gpu")
+            level, order = _int(record.get("timeSlice")), _int(record.get("order"))
+            if not isinstance(gpu, str) or level not in levels or level is None or order is None:
+                log.warning("claim %s: unknown time-slice record %r, ignored", claim.ref, record)
+                continue
+            self._slices.setdefault(gpu, {}).setdefault(claim.ref.uid, (order, level))
+            self._order = max(self._order, order)
+
+    async def _release(self, uid: str) -> None:
+        """Forget ``uid``'s time slices; set each GPU whose level in force changes (locked)."""
         for gpu_uuid, by_claim in list(self._slices.items()):
+            before = _in_force(by_claim)
             if by_claim.pop(uid, None) is None:
                 continue
-            if by_claim:
+            after = _in_force(by_claim)
+            if not by_claim:
+                del self._slices[gpu_uuid]
+            if after == before:
                 continue
-            del self._slices[gpu_uuid]
             try:
-                await asyncio.to_thread(self._set_time_slice, gpu_uuid, 0)
+                await asyncio.to_thread(self._set_time_slice, gpu_uuid, after)
             except NvmlError as exc:
-                log.warning("cannot reset the time-slice interval of %s: %s", gpu_uuid, exc)
+                log.warning(
+                    "cannot set the time-slice interval of %s to %d: %s", gpu_uuid, after, exc
+                )
+            else:
+                log.info("time-slice level of %s back to %d", gpu_uuid, after)
+
+
+def _in_force(by_claim: Mapping[str, tuple[int, int]]) -> int:
+    """The level of the most recently prepared claim (``0``, Default, when none)."""
+    return max(by_claim.values())[1] if by_claim else 0
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _find_tool(driver_root: str, name: str) -> str | None:
