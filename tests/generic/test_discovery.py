@@ -158,7 +158,7 @@ def test_symlink_inside_root_is_followed_and_claims_the_target(host: FakeHost) -
     )
     (dev,) = found["a.com/byid"]
     assert dev.nodes[0].host_path == "/dev/serial/by-id/usb-FTDI_A50285BI-port0"
-    assert dev.claims == frozenset({"/dev/ttyUSB0"})
+    assert dev.claims == ("/dev/ttyUSB0",)
     assert found["a.com/raw"] == []  # claimed through the symlink
 
 

@@ -21,7 +21,7 @@ def _dev(host: FakeHost, name: str = "renderD128") -> PhysicalDevice:
     local = str(host.add_char_device(f"/dev/dri/{name}"))
     node = Node(f"/dev/dri/{name}", local, f"/dev/dri/{name}", "rw")
     return PhysicalDevice(
-        id=f"dri-{name}", group=0, name=name, nodes=(node,), numa_node=None, claims=frozenset()
+        id=f"dri-{name}", group=0, name=name, nodes=(node,), numa_node=None, claims=()
     )
 
 

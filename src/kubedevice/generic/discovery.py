@@ -55,7 +55,8 @@ class PhysicalDevice:
         name: Basename of the primary node, or the USB device's sysfs name.
         nodes: Device nodes given to the container.
         numa_node: NUMA node from sysfs, or None.
-        claims: Canonical host paths this device claims (not offered by later selectors).
+        claims: Canonical host paths this device claims (not offered by later selectors),
+            sorted and distinct: a tuple, a quarter of a one-element frozenset's size.
     """
 
     id: str
@@ -63,7 +64,7 @@ class PhysicalDevice:
     name: str
     nodes: tuple[Node, ...]
     numa_node: int | None
-    claims: frozenset[str]
+    claims: tuple[str, ...]
 
     @property
     def primary_path(self) -> str:
@@ -85,7 +86,7 @@ class Scanner:
         self._numa_cache: dict[str, int | None] = {}
         self._bad_numa: set[tuple[str, str]] = set()  # (file, value) already logged
         self._warned: set[str] = set()
-        self._offered: dict[str, frozenset[str]] = {}  # per resource, for ``limit``
+        self._offered: dict[str, tuple[str, ...]] = {}  # IDs per resource, for ``limit``
 
     # ----------------------------------------------------------------- public
 
@@ -117,24 +118,24 @@ class Scanner:
                 else self._path_devices(group, index, group_name(group, index), max_len)
             )
             for dev in candidates:
-                if dev.claims & (claimed | mine):
+                if not (claimed.isdisjoint(dev.claims) and mine.isdisjoint(dev.claims)):
                     continue
                 if dev.id in ids:
-                    dev = _with_id(dev, sanitize_id(f"{dev.id}/{sorted(dev.claims)}", max_len))
-                mine |= dev.claims
+                    dev = _with_id(dev, sanitize_id(f"{dev.id}/{list(dev.claims)}", max_len))
+                mine.update(dev.claims)
                 ids.add(dev.id)
                 found.append(dev)
         if res.limit is not None and len(found) > res.limit:
             # Devices offered by the previous scan keep their places: a device that
             # appears later never displaces one already advertised (maybe allocated).
-            before = self._offered.get(res.name, frozenset())
+            before = set(self._offered.get(res.name, ()))
             ranked = [d.id for d in found if d.id in before]
             ranked += [d.id for d in found if d.id not in before]  # then discovery order
             chosen = set(ranked[: res.limit])
             found = [d for d in found if d.id in chosen]
-        self._offered[res.name] = frozenset(d.id for d in found)
+        self._offered[res.name] = tuple(d.id for d in found)
         for dev in found:
-            claimed |= dev.claims
+            claimed.update(dev.claims)
             seen_numa.update(dev.claims)
         return found
 
@@ -202,30 +203,39 @@ class Scanner:
         if not group.per_match:
             if not shared_nodes:
                 return  # every path optional and none present: nothing to offer
-            claims = frozenset(h for hits in matched for _l, h in hits)
+            claims = tuple(sorted({h for hits in matched for _l, h in hits}))
             yield PhysicalDevice(
                 id=sanitize_id(gname, max_len),
                 group=index,
                 name=gname,
                 nodes=tuple(shared_nodes),
-                numa_node=self._numa_for(next(iter(sorted(claims)), None), matched),
+                numa_node=self._numa_for(next(iter(claims), None), matched),
                 claims=claims,
             )
             return
         primary = group.paths[0]
         for local, host in matched[0]:
-            node = self._node(primary.container_path, primary.permissions, local)
+            node = self._node(primary.container_path, primary.permissions, local, host)
             yield PhysicalDevice(
-                id=sanitize_id(self._host(local)[len("/dev/") :], max_len),
+                id=sanitize_id(node.host_path[len("/dev/") :], max_len),
                 group=index,
                 name=os.path.basename(local),
                 nodes=(node, *shared_nodes),
                 numa_node=self._node_numa(local, host),
-                claims=frozenset({host}),
+                claims=(host,),
             )
 
-    def _node(self, container_path: str | None, permissions: str, local: str) -> Node:
+    def _node(
+        self, container_path: str | None, permissions: str, local: str, real: str | None = None
+    ) -> Node:
+        """The node at ``local``; ``real`` is its canonical host path when known.
+
+        A node reached without symlinks has the same host path as its canonical one: that
+        string is shared rather than built again (one string less per device).
+        """
         host = self._host(local)
+        if host == real:
+            host = real
         if container_path is None:
             cpath = host
         else:
@@ -290,7 +300,7 @@ class Scanner:
                 name=sysname,
                 nodes=(node,),
                 numa_node=self._walk_numa(real),
-                claims=frozenset({host}),
+                claims=(host,),
             )
 
     def _attr(self, directory: str, name: str) -> str | None:

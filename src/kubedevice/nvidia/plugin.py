@@ -16,7 +16,6 @@ any NVIDIA component still creates them.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -146,6 +145,8 @@ class GpuResourcePlugin(DevicePlugin):
                     Mount(f"{VOLUME_MOUNT_DIR}/{i}", "/dev/null", read_only=True) for i in ids
                 )
             elif strategy == "cdi-annotations":
+                import hashlib  # only here: hashlib loads OpenSSL's digests (0.6 MB)
+
                 digest = hashlib.sha256(",".join(sorted(ids)).encode()).hexdigest()[:16]
                 key = f"{self.flags.cdi_annotation_prefix}kubedevice-nvidia_{digest}"
                 annotations[key] = ",".join(cdi_name(i) for i in ids)

@@ -8,19 +8,23 @@ and return 0; library code never exits the process itself.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import KubeDeviceError
 from kubedevice.plugin.base import DevicePlugin
 from kubedevice.plugin.server import PluginServer
 from kubedevice.signals import stop_on_signals
+
+if TYPE_CHECKING:
+    # Loaded by argument_parser() only: the daemons parse their flags with click, and
+    # argparse is 0.3 MB of every process that imports the SDK.
+    import argparse
 
 __all__ = [
     "ENV_LOG_FORMAT",
@@ -142,6 +146,8 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     Returns:
         A new parser.
     """
+    import argparse
+
     parser = argparse.ArgumentParser(
         description=description or "Run a Kubernetes device plugin.",
         epilog=f"Environment: {ENV_DEVICE_PLUGIN_DIR}, {ENV_LOG_LEVEL} and {ENV_LOG_FORMAT} "
