@@ -9,11 +9,15 @@ never ends. tests/e2e/test_advertise_real.py runs it against the real API server
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -533,3 +537,51 @@ def test_no_answer_after_the_request_says_it_may_have_been_applied(
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
     assert "no complete answer within 0.5 s: the patch may have been applied" in line
+
+
+def test_timeout_bounds_a_name_lookup_that_never_answers(tmp_path: Path) -> None:
+    """The deadline covers the name lookup: with a resolver that never answers (a UDP socket
+    that reads and stays silent, named in a resolv.conf bind-mounted in a private mount
+    namespace), --timeout 1 ends the command in about a second, nothing sent."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to give the command a resolver of its own")
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        silent.bind(("127.0.0.9", 53))  # resolv.conf names no port: 53, on a spare address
+    except OSError:
+        silent.close()
+        pytest.skip("cannot bind 127.0.0.9:53 for a silent resolver")
+    asked = threading.Event()
+
+    def swallow() -> None:
+        with contextlib.suppress(OSError):
+            silent.recvfrom(4096)
+            asked.set()
+
+    threading.Thread(target=swallow, daemon=True).start()
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.9\noptions timeout:30 attempts:1\n")
+    server = "https://kd-api.example.test:6443"
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", server)
+    script = 'mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
+    cmd = [sys.executable, "-m", "kubedevice", "advertise", "--kubeconfig", str(kubeconfig)]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(resolv),
+             *cmd, "--timeout", "1", "n1", "example.com/foo=1"],
+            capture_output=True,
+            text=True,
+            timeout=25,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        )  # fmt: skip
+    finally:
+        silent.close()
+    elapsed = time.monotonic() - started
+    assert asked.is_set(), "the command never asked the silent resolver"
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: cannot reach the API server at {server}: no connection within 1 s; "
+        "nothing was sent"
+    ]
+    assert elapsed < 10  # the resolver's own timeout is 30 s

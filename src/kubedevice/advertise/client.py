@@ -5,9 +5,10 @@ The ``kubernetes`` package (an optional extra, ``pip install 'kubedevice[cluster
 imported only to load credentials (kubeconfig users of every kind, or the in-cluster service
 account). The request is sent here, not by that client, for three things it cannot give:
 
-* ``timeout`` is a deadline for the whole exchange (connect, TLS, send, every byte of the
-  answer): a watchdog shuts the socket down when it passes, so a server that drips its answer
-  cannot hold the command.
+* ``timeout`` is a deadline for the whole exchange (name lookup, connect, TLS, send, every
+  byte of the answer): a watchdog shuts the socket down when it passes, so a server that
+  drips its answer cannot hold the command, and the name is looked up in a thread of its own
+  (``getaddrinfo`` cannot be interrupted), so a resolver that never answers cannot either.
 * The answer is read up to :data:`MAX_BODY` bytes, never more.
 * Each failure says whether the request had been sent: before it, the node is unchanged;
   after it, the patch may have been applied.
@@ -16,7 +17,9 @@ account). The request is sent here, not by that client, for three things it cann
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
+import ipaddress
 import json
 import socket
 import ssl
@@ -210,6 +213,12 @@ class _Exchange:
             http_conn = http.client.HTTPConnection(host, port, timeout=self.remaining())
         with self._lock:
             self._http = http_conn
+        if not _is_ip(host):
+            addresses = _resolve(host, port or http_conn.port, self.remaining())
+            # http.client makes its socket with the _create_connection attribute (typeshed
+            # leaves it out): connect to the addresses looked up above instead
+            hook = functools.partial(_connect_any, addresses)
+            setattr(http_conn, "_create_connection", hook)  # noqa: B010
         http_conn.connect()
         if self.expired.is_set():
             raise TimeoutError("deadline passed")
@@ -227,6 +236,62 @@ class _Exchange:
         if self.expired.is_set():
             raise TimeoutError("deadline passed")
         return response.status, response.reason, body
+
+
+_AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, Any]
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _resolve(host: str, port: int, timeout: float) -> list[_AddrInfo]:
+    """``getaddrinfo`` in a daemon thread, waited for at most ``timeout`` seconds."""
+    done = threading.Event()
+    result: list[list[_AddrInfo] | OSError] = []
+
+    def look_up() -> None:
+        try:
+            result.append(list(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
+        except OSError as exc:
+            result.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=look_up, name="kubedevice-resolve", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"looking up {host} took longer than the deadline")
+    [answer] = result
+    if isinstance(answer, OSError):
+        raise answer
+    return answer
+
+
+def _connect_any(
+    addresses: list[_AddrInfo],
+    _address: tuple[str, int],
+    timeout: float | None = None,
+    source_address: tuple[str, int] | None = None,
+) -> socket.socket:
+    """``socket.create_connection`` over addresses already looked up: the first that connects."""
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            if source_address is not None:
+                sock.bind(source_address)
+            sock.connect(sockaddr)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        return sock
+    raise error or OSError(f"no address to connect to for {_address[0]}")
 
 
 class _TLSConnection(http.client.HTTPSConnection):
