@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
 from asyncinotify import Inotify, Mask
 from kubernetes import client
 
@@ -420,6 +421,14 @@ def release(cluster: Cluster, ns: str, drivers: list[DraDriver]) -> None:
             delete_pod(cluster, ns, pod.metadata.name)
     for drv in drivers:
         drv.wait_specs(lambda specs: not specs, f"{drv.name}: every claim unprepared")
+
+
+def docs_yaml() -> list[dict[str, Any]]:
+    """The YAML examples of docs/dra.md, "Running the two drivers", as documents."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
+    section = text[text.index("## Running the two drivers") :]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
 
 
 def share_one_claim(cluster: Cluster, ns: str, drv: DraDriver, device_class_name: str) -> None:

@@ -19,10 +19,12 @@ from .dra import (
     create_template,
     delete_pod,
     device_class,
+    docs_yaml,
     log_count,
     pod_claim,
     release,
     request,
+    resource_api,
     run_claim_pod,
     share_one_claim,
     slice_devices,
@@ -230,3 +232,36 @@ def test_an_unhealthy_device_is_tainted_and_not_allocated(
         wait_slices(cluster, DRIVER, lambda n: bad in n, f"{bad} healthy again", timeout=90)
         cluster.wait_running(ns, "p", timeout=POD_TIMEOUT)
         assert allocated(pod_claim(cluster, ns, "p")) == [bad]
+
+
+SERIAL_CONFIG = """\
+version: v1
+resources:
+  - name: example.com/serial
+    groups:
+      - name: ttys
+        paths:
+          - path: /dev/ttyUSB*
+"""
+
+
+def test_the_docs_device_class_allocates_a_serial_port(
+    cluster: Cluster, ns: str, dev_dra: Callable[..., GenericDra]
+) -> None:
+    """docs/dra.md's DeviceClass for the /dev driver, as written, selects its serial ports."""
+    [cls] = [d for d in docs_yaml() if d["kind"] == "DeviceClass" and "dev.kubedevice.io" in str(d)]
+    dev_dra(
+        "/dev/ttyUSB0",
+        "/dev/e2e0",
+        config=SERIAL_CONFIG + CONFIG.removeprefix("version: v1\nresources:\n"),
+    )
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 2, "a serial port and another device")
+    api = resource_api(cluster)
+    api.create_device_class(cls)
+    try:
+        create_template(cluster, ns, "tty", claim_spec(request("tty", cls["metadata"]["name"])))
+        run_claim_pod(cluster, ns, claim_pod("p", template="tty"))
+        [name] = allocated(pod_claim(cluster, ns, "p"))
+        assert slice_devices(cluster, DRIVER)[name].attributes["path"].string == "/dev/ttyUSB0"
+    finally:
+        api.delete_device_class(cls["metadata"]["name"])

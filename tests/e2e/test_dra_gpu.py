@@ -24,6 +24,7 @@ from .dra import (
     create_template,
     delete_pod,
     device_class,
+    docs_yaml,
     log_count,
     pod_claim,
     release,
@@ -322,22 +323,12 @@ def test_the_charts_rbac_is_enough(
         rbac.delete_cluster_role(name)
 
 
-def _docs_yaml() -> list[dict[str, Any]]:
-    """The YAML examples of docs/dra.md, "Running the two drivers", as documents."""
-    import yaml
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
-    section = text[text.index("## Running the two drivers") :]
-    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
-    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
-
-
 def test_the_docs_examples_run_as_written(
     cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra]
 ) -> None:
     from .dra import resource_api
 
-    docs = _docs_yaml()
+    docs = docs_yaml()
     kinds = [d["kind"] for d in docs]
     assert kinds == ["DeviceClass", "ResourceClaimTemplate", "DeviceClass"]
     gpu_dra()
