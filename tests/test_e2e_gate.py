@@ -24,6 +24,13 @@ def _env(tmp_path: Path, *, ci: bool) -> dict[str, str]:
     return env
 
 
+def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    run = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
 def _needs_root_and_unshare() -> None:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare (the tier's own conditions)")
@@ -36,17 +43,8 @@ def _needs_root_and_unshare() -> None:
 
 def test_ci_without_binaries_fails_naming_what_is_missing(tmp_path: Path) -> None:
     _needs_root_and_unshare()
-    run = subprocess.run(
-        PYTEST,
-        cwd=ROOT,
-        env=_env(tmp_path, ci=True),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = run.stdout + run.stderr
-    assert run.returncode == 1, out
+    rc, out = _run(PYTEST, _env(tmp_path, ci=True))
+    assert rc == 1, out
     assert "2 errors" in out, out
     assert "CI is set: no Kubernetes binaries: set KUBEDEVICE_K8S_BIN" in out, out
     assert "passed" not in out, out
@@ -58,17 +56,9 @@ def test_without_ci_and_binaries_the_tier_is_skipped_with_how_to_get_them(tmp_pa
     _needs_root_and_unshare()
     dp = "/var/lib/kubelet/device-plugins"
     script = 'mkdir -p "$1" && mount -t tmpfs -o mode=0755 tmpfs "$1" && shift && exec "$@"'
-    run = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", dp, *PYTEST],
-        cwd=ROOT,
-        env=_env(tmp_path, ci=False),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", dp, *PYTEST]
+    rc, out = _run(argv, _env(tmp_path, ci=False))
+    assert rc == 0, out
     assert "2 skipped" in out, out
     [line] = [ln for ln in out.splitlines() if ln.startswith("SKIPPED")]
     assert "no Kubernetes binaries: set KUBEDEVICE_K8S_BIN" in line, out

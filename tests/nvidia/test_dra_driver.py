@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -56,6 +57,18 @@ async def _next(gen: AsyncIterator[Sequence[Device]]) -> dict[str, Device]:
     return {d.name: d for d in devices}
 
 
+@contextlib.asynccontextmanager
+async def _listed(host: Any, **health: Any) -> AsyncIterator[GpuDraDriver]:
+    """A GPU DRA driver on ``host`` whose first device list has been read."""
+    driver = GpuDraDriver(_config(host, **health), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        yield driver
+    finally:
+        await gen.aclose()
+
+
 async def test_a_lost_gpu_turns_unhealthy_and_back(gpu_host: Any) -> None:
     host = gpu_host("gpu-lost")  # GPU 1 falls off the bus 2 s after watching starts
     driver = GpuDraDriver(_config(host, reset_check_interval=0.2), host.nvml)
@@ -97,10 +110,7 @@ async def test_prepare_applies_the_time_slice_and_gives_each_gpu_its_node(
     gpu_host: Any,
 ) -> None:
     host = gpu_host("dgx-8gpu")
-    driver = GpuDraDriver(_config(host), host.nvml)
-    gen = driver.devices()
-    try:
-        await _next(gen)
+    async with _listed(host) as driver:
         claim = _claim(driver, ["gpu-2", "gpu-5"], _slicing("Short"), _slicing("Long"))
         prepared = await driver.prepare(claim)
         first, second = ([(n.path, n.host_path) for n in p.edits.device_nodes] for p in prepared)
@@ -119,8 +129,6 @@ async def test_prepare_applies_the_time_slice_and_gives_each_gpu_its_node(
         assert host.nvml.time_slice(gpus["gpu-2"]) == 2
         await driver.unprepare(PreparedClaim(ClaimRef("default", "c2", "u2")))
         assert host.nvml.time_slice(gpus["gpu-2"]) == 0
-    finally:
-        await gen.aclose()
 
 
 @pytest.mark.parametrize(
@@ -145,38 +153,25 @@ async def test_bad_configs_fail_the_claim_naming_the_field(
     gpu_host: Any, config: Any, needle: str
 ) -> None:
     host = gpu_host("dgx-8gpu")
-    driver = GpuDraDriver(_config(host), host.nvml)
-    gen = driver.devices()
-    try:
-        await _next(gen)
+    async with _listed(host) as driver:
         with pytest.raises(ClaimError, match=needle.replace("[", r"\[")):
             await driver.prepare(_claim(driver, ["gpu-0"], config))
         # nothing was applied
         assert host.nvml.time_slice(driver.gpu_devices[0].gpu.uuid) == 0
-    finally:
-        await gen.aclose()
 
 
 async def test_an_unknown_device_fails_the_claim(gpu_host: Any) -> None:
     host = gpu_host("pcie-4gpu")
-    driver = GpuDraDriver(_config(host), host.nvml)
-    gen = driver.devices()
-    try:
-        await _next(gen)
+    async with _listed(host) as driver:
         with pytest.raises(ClaimError, match="gpu-9 is not a GPU of this node"):
             await driver.prepare(_claim(driver, ["gpu-9"]))
-    finally:
-        await gen.aclose()
 
 
 async def test_unpreparing_a_claim_leaves_the_level_of_the_newest_claim_still_prepared(
     gpu_host: Any,
 ) -> None:
     host = gpu_host("dgx-8gpu")
-    driver = GpuDraDriver(_config(host), host.nvml)
-    gen = driver.devices()
-    try:
-        await _next(gen)
+    async with _listed(host) as driver:
         uuid = {gd.device.name: gd.gpu.uuid for gd in driver.gpu_devices}["gpu-2"]
         prepared = {}
         for uid, interval in (("u1", "Long"), ("u2", "Short"), ("u3", "Medium")):
@@ -193,16 +188,11 @@ async def test_unpreparing_a_claim_leaves_the_level_of_the_newest_claim_still_pr
         assert await unprepare("u2") == 2  # not the one in force: Medium stands
         assert await unprepare("u3") == 3  # the one in force: back to u1's Long
         assert await unprepare("u1") == 0  # the last one: Default
-    finally:
-        await gen.aclose()
 
 
 async def test_a_gpu_refusing_the_time_slice_gives_back_what_the_claim_set(gpu_host: Any) -> None:
     host = gpu_host("dgx-8gpu")
-    driver = GpuDraDriver(_config(host, disabled=True), host.nvml)  # no health: prepare tries
-    gen = driver.devices()
-    try:
-        await _next(gen)
+    async with _listed(host, disabled=True) as driver:  # no health: prepare tries
         uuid = {gd.device.name: gd.gpu.uuid for gd in driver.gpu_devices}
         await driver.prepare(_claim(driver, ["gpu-2"], _slicing("Medium"), uid="u1"))
         host.nvml.set_lost(uuid["gpu-5"], True)
@@ -211,5 +201,3 @@ async def test_a_gpu_refusing_the_time_slice_gives_back_what_the_claim_set(gpu_h
         assert host.nvml.time_slice(uuid["gpu-2"]) == 2  # u1's again, not u2's Long
         await driver.unprepare(PreparedClaim(ClaimRef("default", "c", "u1")))
         assert host.nvml.time_slice(uuid["gpu-2"]) == 0  # u2 holds nothing on it
-    finally:
-        await gen.aclose()

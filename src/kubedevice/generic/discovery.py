@@ -86,7 +86,7 @@ class Scanner:
         self._numa_cache: dict[str, int | None] = {}
         self._bad_numa: set[tuple[str, str]] = set()  # (file, value) already logged
         self._warned: set[str] = set()
-        self._offered: dict[str, tuple[str, ...]] = {}  # IDs per resource, for ``limit``
+        self._offered: dict[str, frozenset[str]] = {}  # IDs per resource, for ``limit``
 
     # ----------------------------------------------------------------- public
 
@@ -128,12 +128,12 @@ class Scanner:
         if res.limit is not None and len(found) > res.limit:
             # Devices offered by the previous scan keep their places: a device that
             # appears later never displaces one already advertised (maybe allocated).
-            before = set(self._offered.get(res.name, ()))
+            before = self._offered.get(res.name, frozenset())
             ranked = [d.id for d in found if d.id in before]
             ranked += [d.id for d in found if d.id not in before]  # then discovery order
             chosen = set(ranked[: res.limit])
             found = [d for d in found if d.id in chosen]
-        self._offered[res.name] = tuple(d.id for d in found)
+        self._offered[res.name] = frozenset(d.id for d in found)
         for dev in found:
             claimed.update(dev.claims)
             seen_numa.update(dev.claims)

@@ -279,8 +279,7 @@ class GpuDraDriver(Driver):
 
     async def unprepare(self, claim: PreparedClaim) -> None:
         """Give each GPU the claim set a time slice on the level still in force without it."""
-        async with self._slice_lock:
-            self._remember(claim)
+        async with self._slice_lock:  # claims of an earlier run are known from restore()
             await self._release(claim.ref.uid)
 
     async def restore(self, claims: Sequence[PreparedClaim]) -> None:
@@ -299,7 +298,7 @@ class GpuDraDriver(Driver):
                 continue
             gpu = record.get("gpu")
             level, order = _int(record.get("timeSlice")), _int(record.get("order"))
-            if not isinstance(gpu, str) or level not in levels or level is None or order is None:
+            if not isinstance(gpu, str) or level is None or level not in levels or order is None:
                 log.warning("claim %s: unknown time-slice record %r, ignored", claim.ref, record)
                 continue
             self._slices.setdefault(gpu, {}).setdefault(claim.ref.uid, (order, level))
