@@ -220,3 +220,17 @@ resources:
       - key: config.yaml
         path: config.yaml
 {{- end -}}
+
+{{/* NOTES.txt: what a GPU component's runtimeClassName (.name, set with .key) means for
+its pods; .what names the component ("plugin", "driver"). */}}
+{{- define "kubedevice.runtimeClassNote" -}}
+{{- if .name }}
+    runtimeClassName {{ .name }}: the RuntimeClass must exist
+    (kubectl get runtimeclass {{ .name }}), else its pods are never created.
+{{- else }}
+    No runtimeClassName: the pods use each node's default runtime, which must be the NVIDIA
+    container runtime (nvidia-ctk runtime configure --set-as-default), else NVML finds no
+    GPU and the {{ .what }} exits. Where a RuntimeClass for the NVIDIA runtime exists and it is
+    not the default (the GPU operator creates "nvidia"), set --set {{ .key }}=nvidia.
+{{- end }}
+{{- end -}}
