@@ -172,7 +172,7 @@ def serve_bare(servicer: Any, sock: str, *, aio: bool, options: Sequence[Any] = 
 
 def gpu_plugin_command(root: Path) -> list[str]:
     """``kubedevice nvidia run`` on the fake 8-GPU box, with its /dev and /sys under ``root``."""
-    from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+    from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
     nvml = FakeNvml.from_file("dgx-8gpu")
     write_fake_dev(nvml, root / "dev")

@@ -56,7 +56,7 @@ from e2e.plugins import GpuDaemon
 from kubernetes import watch
 
 from kubedevice.kubelet import Emulator, RegistrationEvent
-from kubedevice.nvidia.nvml_fake import send_control
+from kubedevice.nvidia.fake import send_control
 
 GPU = "nvidia.com/gpu"
 CONFIG = "version: v1\nhealth:\n  quietPeriod: 3s\n"
@@ -212,7 +212,7 @@ def real_kubelet(bin_dir: Path, runs: int) -> dict[str, Any]:
 
 
 async def emulator(runs: int) -> dict[str, Any]:
-    from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+    from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
     root = Path(tempfile.mkdtemp(prefix="kdbe-", dir="/tmp"))
     nvml = FakeNvml.from_file("dgx-8gpu")

@@ -40,7 +40,7 @@ from _common import KUBEDEVICE, measure_idle_cpu_ms, pct, stop_process
 
 from kubedevice._api import dp, dp_grpc
 from kubedevice.kubelet import Emulator, RegistrationEvent
-from kubedevice.nvidia.nvml_fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
 
 GPU = "nvidia.com/gpu"
 MACHINE = "dgx-8gpu"

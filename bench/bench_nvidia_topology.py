@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubedevice.nvidia.backend import Link, P2PLevel
-from kubedevice.nvidia.nvml_fake import FakeNvml
+from kubedevice.nvidia.fake import FakeNvml
 from kubedevice.nvidia.topology import Topology, build_topology, preferred_allocation
 
 

@@ -82,7 +82,7 @@ class Target:
 
 def _fake_target(nvml: str, work: Path) -> tuple[Target, float, list[str]]:
     """A fake machine's trees under ``work``; its NVML init time and UUIDs."""
-    from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+    from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
     fake = FakeNvml.from_file(nvml.removeprefix("fake:"))
     t0 = time.monotonic()
@@ -251,7 +251,7 @@ async def _check(result: dict[str, Any], nvml_uuids: list[str], target: Target, 
         if target.control is None:
             await _cuda_checks(result, uuid, port)
         else:  # rehearsal: the fake reports the load a CUDA process would cause
-            from kubedevice.nvidia.nvml_fake import send_control
+            from kubedevice.nvidia.fake import send_control
 
             result["cuda"] = "skipped: fake NVML"
             send_control(

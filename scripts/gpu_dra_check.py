@@ -169,7 +169,7 @@ def real_gpus() -> list[Gpu]:
 def fake_gpus(nvml: str, work: Path) -> list[Gpu]:
     """The fake machine's GPUs; its ``/dev`` and ``/sys`` trees under ``work``."""
     from kubedevice.errors import KubeDeviceError
-    from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+    from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
     try:
         fake = FakeNvml.from_file(nvml.removeprefix("fake:"))

@@ -16,7 +16,7 @@ import yaml
 
 from kubedevice.generic.fake import FakeHost
 from kubedevice.kubelet import Emulator
-from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
 #: Compiled parts of validation libraries a daemon must not map (pydantic loads pydantic_core).
 VALIDATION_LIBRARIES = ("pydantic_core", "msgspec")

@@ -227,7 +227,7 @@ def test_configs_validate_without_any_validation_library(tmp_path: Path) -> None
         from kubedevice.errors import ConfigError
         from kubedevice.cli.main import cli
         from kubedevice.nvidia.config import load_config
-        from kubedevice.nvidia.nvml_fake import FakeNvml
+        from kubedevice.nvidia.fake import FakeNvml
         FakeNvml.from_file("mig-mixed")
         try:
             load_config(sys.argv[2])

@@ -11,11 +11,29 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["JsonFormatter", "configure_logging"]
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = [
+    "ENV_LOG_FORMAT",
+    "ENV_LOG_LEVEL",
+    "JsonFormatter",
+    "add_log_arguments",
+    "configure_logging",
+    "configure_logging_from_args",
+]
+
+#: Environment variables the standard flags default to.
+ENV_LOG_LEVEL = "KUBEDEVICE_LOG_LEVEL"
+ENV_LOG_FORMAT = "KUBEDEVICE_LOG_FORMAT"
+_LEVELS = ("debug", "info", "warning", "error")
+_FORMATS = ("text", "json")
+
 
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
@@ -84,3 +102,36 @@ def configure_logging(
     ours.handlers[:] = [handler]
     ours.setLevel(level.upper())
     ours.propagate = False
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--log-format``, defaulting to ``$KUBEDEVICE_LOG_LEVEL`` and
+    ``$KUBEDEVICE_LOG_FORMAT``: every daemon's parser has them (the SDK's and the DRA kit's);
+    :func:`configure_logging_from_args` applies them.
+    """
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get(ENV_LOG_LEVEL) or "info",
+        choices=_LEVELS,
+        help=f"minimum level of log lines (env {ENV_LOG_LEVEL}; default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get(ENV_LOG_FORMAT) or "text",
+        choices=_FORMATS,
+        help=f"log line format (env {ENV_LOG_FORMAT}; default text)",
+    )
+
+
+def configure_logging_from_args(args: argparse.Namespace) -> bool:
+    """Set up logging from :func:`add_log_arguments`' flags; ``False`` (one line said on
+    stderr) when a value from the environment is not one of the choices."""
+    for value, allowed, env in (
+        (args.log_level, _LEVELS, ENV_LOG_LEVEL),
+        (args.log_format, _FORMATS, ENV_LOG_FORMAT),
+    ):
+        if value not in allowed:  # a default from the environment is not checked by argparse
+            print(f"error: {env}={value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
+            return False
+    configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
+    return True

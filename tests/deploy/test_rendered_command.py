@@ -30,7 +30,7 @@ from deploy.render import by_kind, container, daemonset, render
 from kubedevice.demo.generic import free_port, pod_manifest, scrape
 from kubedevice.generic.fake import FakeHost
 from kubedevice.kubelet import Emulator
-from kubedevice.nvidia import nvml_fake
+from kubedevice.nvidia import fake as nvml_fake
 
 VENV_BIN = Path(sys.executable).parent
 

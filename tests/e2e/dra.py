@@ -28,7 +28,7 @@ from asyncinotify import Inotify, Mask
 from kubernetes import client
 
 from kubedevice.generic import FakeHost
-from kubedevice.nvidia.nvml_fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
 
 from .cluster import NODE, Cluster, ClusterError, Process, wait_for
 

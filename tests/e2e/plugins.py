@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from kubedevice.generic import FakeHost
-from kubedevice.nvidia.nvml_fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
 
 from .cluster import DEVICE_PLUGIN_DIR, Cluster, Process, free_port
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
 
 @dataclass

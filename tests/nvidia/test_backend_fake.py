@@ -16,7 +16,7 @@ import pytest
 from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.nvidia.backend import EventKind, HealthEvent, NvmlBackend, P2PLevel
 from kubedevice.nvidia.backends import open_backend
-from kubedevice.nvidia.nvml_fake import (
+from kubedevice.nvidia.fake import (
     MACHINES_DIR,
     FakeNvml,
     load_machine,

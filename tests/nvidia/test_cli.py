@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kubedevice.kubelet import Emulator
-from kubedevice.nvidia.nvml_fake import MACHINES_DIR, send_control
+from kubedevice.nvidia.fake import MACHINES_DIR, send_control
 
 GPU = "nvidia.com/gpu"
 

@@ -11,7 +11,7 @@ from kubedevice.dra import Version
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import read_numa_node
-from kubedevice.nvidia.dra_devices import GpuDevice, build_devices, nvlink_domains, semver
+from kubedevice.nvidia.dra.devices import GpuDevice, build_devices, nvlink_domains, semver
 from kubedevice.nvidia.topology import build_topology
 
 

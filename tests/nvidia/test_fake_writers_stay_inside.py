@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from kubedevice.errors import ConfigError
-from kubedevice.nvidia.nvml_fake import write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake import write_fake_dev, write_fake_sysfs
 from kubedevice.plugin.paths import inside
 
 

@@ -13,8 +13,8 @@ import pytest
 from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import EventKind, GpuSample, HealthEvent
 from kubedevice.nvidia.config import HealthConfig, parse_config
+from kubedevice.nvidia.fake import FakeNvml
 from kubedevice.nvidia.health import MIN_RECHECK_S, HealthMonitor, HealthState
-from kubedevice.nvidia.nvml_fake import FakeNvml
 
 A, B = "GPU-a", "GPU-b"
 MIG = "MIG-a0"

@@ -10,8 +10,8 @@ import pytest
 
 from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import Link, P2PLevel
+from kubedevice.nvidia.fake import FakeNvml, write_fake_sysfs
 from kubedevice.nvidia.info import collect_info, format_info, link_cell
-from kubedevice.nvidia.nvml_fake import FakeNvml, write_fake_sysfs
 
 
 @pytest.fixture

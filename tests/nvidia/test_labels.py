@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kubedevice.errors import ConfigError
+from kubedevice.nvidia.fake import FakeNvml
 from kubedevice.nvidia.labels import (
     compute_labels,
     label_value,
@@ -15,7 +16,6 @@ from kubedevice.nvidia.labels import (
     render_feature_file,
     write_feature_file,
 )
-from kubedevice.nvidia.nvml_fake import FakeNvml
 
 
 def _labels(machine: str, **kw: object) -> dict[str, str]:

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import kubedevice
 from kubedevice.kubelet import Emulator
+from kubedevice.nvidia.fake import FakeNvml
 from kubedevice.nvidia.metrics import MAX_XID_LABEL, GpuMetrics
-from kubedevice.nvidia.nvml_fake import FakeNvml
 
 RES = "nvidia.com/gpu"
 P = "kubedevice_nvidia_gpu"

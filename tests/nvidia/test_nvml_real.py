@@ -14,7 +14,7 @@ import pytest
 from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import EventKind, NvmlBackend, P2PLevel
 from kubedevice.nvidia.backends import open_backend
-from kubedevice.nvidia.nvml_fake import load_machine
+from kubedevice.nvidia.fake import load_machine
 from kubedevice.nvidia.nvml_real import RealNvml, mig_profile_name
 
 from .stand_in_pynvml import NOT_SUPPORTED, GpuSpec, MigSpec, make_module

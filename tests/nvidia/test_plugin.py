@@ -16,8 +16,8 @@ from kubedevice.errors import AdmissionError, ConfigError, NvmlError
 from kubedevice.kubelet import Emulator
 from kubedevice.nvidia.backend import EventKind, HealthEvent
 from kubedevice.nvidia.config import Config, parse_config
+from kubedevice.nvidia.fake import CONTROL_ENV, send_control
 from kubedevice.nvidia.metrics import METRIC_PREFIX
-from kubedevice.nvidia.nvml_fake import CONTROL_ENV, send_control
 from kubedevice.nvidia.runner import GpuPlugins
 
 from .conftest import pod

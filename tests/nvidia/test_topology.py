@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kubedevice.nvidia.backend import Link, P2PLevel
-from kubedevice.nvidia.nvml_fake import FakeNvml
+from kubedevice.nvidia.fake import FakeNvml
 from kubedevice.nvidia.topology import (
     Topology,
     build_topology,

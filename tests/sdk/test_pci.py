@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubedevice.nvidia.nvml_fake import load_machine, write_fake_sysfs
+from kubedevice.nvidia.fake import load_machine, write_fake_sysfs
 from kubedevice.plugin.pci import normalize_bus_id, pci_bus_id_of, pcie_root
 
 

@@ -40,7 +40,7 @@ from kubedevice.demo.generic import (
 from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.render import node_text, pods_table
 from kubedevice.kubelet.types import RegistrationEvent
-from kubedevice.nvidia.nvml_fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
 
 __all__ = ["run_gpu_demo"]
 

@@ -20,7 +20,7 @@ from typing import Final
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.settings import Settings
 from kubedevice.errors import ConfigError, KubeDeviceError
-from kubedevice.plugin.runner import (
+from kubedevice.log import (
     ENV_LOG_FORMAT,
     ENV_LOG_LEVEL,
     add_log_arguments,

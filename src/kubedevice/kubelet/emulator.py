@@ -7,6 +7,10 @@ in the device-plugin dir (nothing else), restore allocations and stopped resourc
 (the emulator plays the API server too); with the control socket enabled they are also
 journaled next to it so that they survive a process restart. Every state change wakes
 ``wait_until`` waiters; nothing polls.
+
+Why this module is over 600 lines: it is the one place where the kubelet's start-up, stop and
+pod life cycle are ordered; its parts (registration, manager, admission, checkpoint, sockets)
+already live in their own modules, and splitting the ordering itself would hide it.
 """
 
 from __future__ import annotations

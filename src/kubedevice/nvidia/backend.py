@@ -1,7 +1,7 @@
 """The narrow NVML interface the GPU plugin is written against, and the values it returns.
 
 Two implementations exist: :mod:`kubedevice.nvidia.nvml_real` (nvidia-ml-py, a real
-driver) and :mod:`kubedevice.nvidia.nvml_fake` (a JSON file: recordings of real GPUs
+driver) and :mod:`kubedevice.nvidia.fake` (a JSON file: recordings of real GPUs
 and synthetic machines). Everything above this module sees only these types, never
 ``pynvml``.
 

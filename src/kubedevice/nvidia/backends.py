@@ -13,7 +13,7 @@ def open_backend(spec: str) -> NvmlBackend:
 
     * ``real``: NVML through nvidia-ml-py (``pip install 'kubedevice[nvidia]'``);
       the library itself is loaded only by ``init()``.
-    * ``fake:PATH``: :class:`~kubedevice.nvidia.nvml_fake.FakeNvml` on a machine file;
+    * ``fake:PATH``: :class:`~kubedevice.nvidia.fake.FakeNvml` on a machine file;
       PATH may be a packaged machine's bare name (``fake:dgx-8gpu``) or ``BASE+LOAD``
       (``fake:h200+h200-load``).
 
@@ -29,7 +29,7 @@ def open_backend(spec: str) -> NvmlBackend:
     if kind == "fake" and sep:
         if not rest:
             raise ConfigError("nvml: 'fake:' needs a machine file or name, e.g. fake:dgx-8gpu")
-        from kubedevice.nvidia.nvml_fake import FakeNvml
+        from kubedevice.nvidia.fake import FakeNvml
 
         return FakeNvml.from_file(rest)
     raise ConfigError(f"nvml: {spec!r} is not 'real' or 'fake:PATH' (e.g. fake:dgx-8gpu)")

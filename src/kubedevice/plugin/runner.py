@@ -11,12 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
 from kubedevice.errors import KubeDeviceError
+from kubedevice.log import (
+    ENV_LOG_FORMAT,
+    ENV_LOG_LEVEL,
+    add_log_arguments,
+    configure_logging_from_args,
+)
 from kubedevice.plugin.base import DevicePlugin
 from kubedevice.plugin.server import PluginServer
 from kubedevice.signals import stop_on_signals
@@ -120,13 +125,6 @@ def run(
     return 0
 
 
-#: Environment variables the standard flags default to.
-ENV_LOG_LEVEL = "KUBEDEVICE_LOG_LEVEL"
-ENV_LOG_FORMAT = "KUBEDEVICE_LOG_FORMAT"
-_LEVELS = ("debug", "info", "warning", "error")
-_FORMATS = ("text", "json")
-
-
 def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The command-line parser :func:`main` uses, for authors to add their own options.
 
@@ -164,41 +162,6 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     add_log_arguments(parser)
     return parser
-
-
-def add_log_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--log-level`` and ``--log-format``, defaulting to ``$KUBEDEVICE_LOG_LEVEL`` and
-    ``$KUBEDEVICE_LOG_FORMAT``: every daemon's parser has them (the SDK's and the DRA kit's);
-    :func:`configure_logging_from_args` applies them.
-    """
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get(ENV_LOG_LEVEL) or "info",
-        choices=_LEVELS,
-        help=f"minimum level of log lines (env {ENV_LOG_LEVEL}; default info)",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=os.environ.get(ENV_LOG_FORMAT) or "text",
-        choices=_FORMATS,
-        help=f"log line format (env {ENV_LOG_FORMAT}; default text)",
-    )
-
-
-def configure_logging_from_args(args: argparse.Namespace) -> bool:
-    """Set up logging from :func:`add_log_arguments`' flags; ``False`` (one line said on
-    stderr) when a value from the environment is not one of the choices."""
-    from kubedevice.log import configure_logging
-
-    for value, allowed, env in (
-        (args.log_level, _LEVELS, ENV_LOG_LEVEL),
-        (args.log_format, _FORMATS, ENV_LOG_FORMAT),
-    ):
-        if value not in allowed:  # a default from the environment is not checked by argparse
-            print(f"error: {env}={value!r} is not one of {', '.join(allowed)}", file=sys.stderr)
-            return False
-    configure_logging(fmt=args.log_format, level=args.log_level, whole_process=True)
-    return True
 
 
 def main(

@@ -4,6 +4,11 @@ Per plugin: bind the socket (mode 0600) and serve, then register with the kubele
 wait for a reason to start over: our socket deleted, ``kubelet.sock`` re-created, or the
 kubelet's ListAndWatch stream closed and not reopened while ``kubelet.sock`` still
 exists. All of it is driven by inotify events on the device plugin directory.
+
+Why this module is over 600 lines: the serve -> register -> watch -> again cycle is one state
+machine per plugin, and its transitions (socket deleted, kubelet.sock re-created, stream lost,
+reload) must be read together; the pieces it drives (servicer, registration, watch, swap)
+live in their own modules.
 """
 
 from __future__ import annotations

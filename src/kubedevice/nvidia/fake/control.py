@@ -24,7 +24,7 @@ from kubedevice.nvidia.fake.machine import FakeMachine
 
 __all__ = ["CONTROL_ENV", "bind_control_socket", "drain_control", "send_control"]
 
-log = logging.getLogger("kubedevice.nvidia.nvml_fake")
+log = logging.getLogger("kubedevice.nvidia.fake")
 
 CONTROL_ENV = "KUBEDEVICE_FAKE_NVML_CONTROL"
 _CONTROL_OPS = ("xid", "ecc", "lost", "recover", "sample")

@@ -1,7 +1,7 @@
 """A fake machine: its GPUs as NVML reports them, and finding and reading machine files.
 
 Shared by the three file formats (:mod:`.load`, :mod:`.synthetic`, :mod:`.replay`) and the
-backend (:class:`~kubedevice.nvidia.nvml_fake.FakeNvml`).
+backend (:class:`~kubedevice.nvidia.fake.FakeNvml`).
 """
 
 from __future__ import annotations

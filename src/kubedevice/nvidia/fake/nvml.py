@@ -1,8 +1,8 @@
 """The fake NVML backend: GPUs read from a JSON file, health events injected in or out of process.
 
-This module is the fake's public face (everything in ``__all__``); its parts live in
-:mod:`kubedevice.nvidia.fake` (machine files, the synthetic format, load recordings, the
-control messages).
+The fake backend itself; the package :mod:`kubedevice.nvidia.fake` re-exports its public
+face (everything in ``__all__``). Its parts are the package's other modules (machine files,
+the synthetic format, load recordings, the control messages).
 
 Three kinds of file are understood (see docs/nvidia-fake.md):
 

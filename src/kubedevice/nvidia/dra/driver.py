@@ -1,14 +1,14 @@
 """The GPU DRA driver (``kubedevice nvidia dra``): the NVML backend's GPUs on the DRA kit.
 
 :class:`GpuDraDriver` starts NVML, publishes every GPU (or MIG device, by ``migStrategy``)
-with NVIDIA's attribute names (:mod:`kubedevice.nvidia.dra_devices`), runs the same XID
+with NVIDIA's attribute names (:mod:`kubedevice.nvidia.dra.devices`), runs the same XID
 health policies as the device plugin (:class:`~kubedevice.nvidia.health.HealthMonitor`):
 an Unhealthy or lost GPU is tainted in the ResourceSlices (no new allocation; see
 :mod:`kubedevice.dra.slices`) and reported on the kubelet's health stream, and is untainted
 when the policy says it has recovered.
 
 Prepare: each allocated device's opaque ``GpuConfig`` / ``MigDeviceConfig``
-(:mod:`kubedevice.nvidia.dra_config`) is validated first, for every device of the claim,
+(:mod:`kubedevice.nvidia.dra.config`) is validated first, for every device of the claim,
 then applied (the time-slice interval, through the backend); the claim's CDI spec gets
 each device's own nodes (``/dev/nvidia<minor>``, MIG capability nodes), and once per
 claim the control nodes and the driver's files.
@@ -47,8 +47,8 @@ from kubedevice.nvidia.backend import NvmlBackend, TimeSliceControl
 from kubedevice.nvidia.cdi import find_driver_files
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import CONTROL_NODES, read_numa_node
-from kubedevice.nvidia.dra_config import TIME_SLICE_LEVELS, effective_config
-from kubedevice.nvidia.dra_devices import GpuDevice, build_devices
+from kubedevice.nvidia.dra.config import TIME_SLICE_LEVELS, effective_config
+from kubedevice.nvidia.dra.devices import GpuDevice, build_devices
 from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.runner import Hardware, enumerate_hardware
 from kubedevice.nvidia.topology import build_topology
