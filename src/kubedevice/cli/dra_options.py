@@ -20,7 +20,7 @@ from kubedevice.signals import stop_on_signals
 if TYPE_CHECKING:
     from kubedevice.dra import Driver, DriverOptions
 
-__all__ = ["dra_options", "driver_options", "run_driver"]
+__all__ = ["PRINT_DEVICE_CLASSES", "dra_options", "driver_options", "print_classes", "run_driver"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,6 +28,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _fail(message: str, status: int = 2) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     raise SystemExit(status) from None
+
+
+#: ``--print-device-classes``: print the driver's DeviceClasses for extended resources, exit.
+PRINT_DEVICE_CLASSES = click.option(
+    "--print-device-classes",
+    "print_device_classes",
+    is_flag=True,
+    help="Print, as YAML, a DeviceClass for each extended resource the device plugin would "
+    "advertise with this --config (spec.extendedResourceName set, selecting this driver's "
+    "devices) and exit; nothing is started and no cluster is needed.",
+)
+
+
+def print_classes(classes: list[dict[str, Any]]) -> None:
+    """Print ``classes`` as YAML documents (``kubectl apply -f -`` takes them)."""
+    from kubedevice.dra.classes import dump_classes
+
+    click.echo(dump_classes(classes), nl=False)
 
 
 def dra_options(default_driver_name: str) -> Callable[[F], F]:

@@ -14,7 +14,13 @@ from pathlib import Path
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
-from kubedevice.cli.dra_options import dra_options, driver_options, run_driver
+from kubedevice.cli.dra_options import (
+    PRINT_DEVICE_CLASSES,
+    dra_options,
+    driver_options,
+    print_classes,
+    run_driver,
+)
 from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
 from kubedevice.signals import stop_on_signals
@@ -173,6 +179,7 @@ def run_command(
     default=None,
     help="The driver root as a path on the host, for CDI specs (flags.hostDriverRoot).",
 )
+@PRINT_DEVICE_CLASSES
 def dra_command(
     config_path: Path | None,
     nvml: str,
@@ -187,11 +194,14 @@ def dra_command(
     sys_root: str | None,
     driver_root: str | None,
     host_driver_root: str | None,
+    print_device_classes: bool,
 ) -> None:
     """Run the GPU DRA driver: the GPUs as devices of ResourceSlices, prepared per claim.
 
     Reads the same config file as ``nvidia run`` (migStrategy, health policies, roots).
-    SIGTERM or SIGINT stops cleanly with status 0.
+    SIGTERM or SIGINT stops cleanly with status 0. With --print-device-classes, prints the
+    DeviceClasses that serve the plugin's resource names from this driver (under a MIG
+    strategy, this node's MIG profiles are read through --nvml) and exits.
     """
     from kubedevice.nvidia.backends import open_backend
     from kubedevice.nvidia.config import load_config
@@ -211,6 +221,17 @@ def dra_command(
         return
     except ImportError as exc:
         _fail(f"the DRA driver needs its extra: pip install 'kubedevice[nvidia,dra]' ({exc})")
+        return
+    if print_device_classes:
+        from kubedevice.nvidia.dra.classes import device_classes, node_mig_profiles
+
+        try:
+            profiles = node_mig_profiles(config, backend)
+            print_classes(device_classes(config, driver_name, profiles))
+        except NvmlError as exc:
+            _fail(_nvml_line(exc))
+        except KubeDeviceError as exc:
+            _fail(str(exc))
         return
     driver = GpuDraDriver(
         config,

@@ -15,7 +15,13 @@ from typing import NoReturn
 import click
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
-from kubedevice.cli.dra_options import dra_options, driver_options, run_driver
+from kubedevice.cli.dra_options import (
+    PRINT_DEVICE_CLASSES,
+    dra_options,
+    driver_options,
+    print_classes,
+    run_driver,
+)
 from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.signals import stop_on_signals
@@ -70,6 +76,7 @@ _CONFIG = click.option(
     "driver --driver-name, prepared per ResourceClaim (Kubernetes 1.34+).",
 )
 @dra_options("dev.kubedevice.io")
+@PRINT_DEVICE_CLASSES
 def run_command(
     config: Path,
     device_plugin_dir: str | None,
@@ -84,14 +91,19 @@ def run_command(
     kubeconfig: Path | None,
     no_health: bool,
     cleanup: bool,
+    print_device_classes: bool,
 ) -> None:
     """Run the generic device plugin for every resource in a config file.
 
     Hot-plug is event-driven (inotify); SIGHUP or a change to the file reloads the config
     (an invalid new config is rejected and the old one keeps running); SIGTERM or SIGINT
     stops cleanly with status 0. With --dra, the same devices are served as a DRA driver
-    (the --driver-name ... --cleanup options apply only then).
+    (the --driver-name ... --cleanup options apply only then); --dra
+    --print-device-classes prints the DeviceClasses that serve the config's resource names
+    from the DRA driver, and exits.
     """
+    if print_device_classes and not dra:
+        _fail("--print-device-classes needs --dra (the classes serve the DRA driver's devices)")
     _need_generic(daemon=True)
     if dra:
         from kubedevice.generic import load_config
@@ -103,6 +115,14 @@ def run_command(
             _fail(str(exc))
         except ImportError as exc:
             _fail(f"the DRA driver needs its extra: pip install 'kubedevice[generic,dra]' ({exc})")
+        if print_device_classes:
+            from kubedevice.generic.dra.classes import device_classes
+
+            try:
+                print_classes(device_classes(cfg, driver_name))
+            except ConfigError as exc:
+                _fail(str(exc))
+            return
         options = driver_options(
             driver_name, node_name, kubelet_dir, cdi_dir, kubeconfig, no_health
         )

@@ -29,6 +29,7 @@ __all__ = [
     "DeviceEntry",
     "GpuUnit",
     "Inventory",
+    "advertised_names",
     "build_inventory",
     "plan_resources",
     "read_numa_node",
@@ -222,10 +223,33 @@ def plan_resources(
                 "flags.migStrategy: 'single' needs every GPU MIG-enabled with one MIG profile, "
                 f"but {'; '.join(what)}; use 'mixed'"
             )
+    present = [m.profile for g in enabled for m in mig.get(g.uuid, ())]
+    return advertised_names(config, present, device_plugin_dir=device_plugin_dir)
+
+
+def advertised_names(
+    config: Config, mig_profiles: Sequence[str], *, device_plugin_dir: Path | None = None
+) -> dict[str, str]:
+    """The resources ``config`` makes of GPUs with these MIG profiles: base -> advertised.
+
+    The naming half of :func:`plan_resources`, without the hardware: ``nvidia.com/gpu``
+    always, ``nvidia.com/mig-<profile>`` per profile under ``migStrategy: mixed``, each
+    renamed as ``sharing.timeSlicing`` says. The DRA driver's DeviceClasses are named
+    with it, so they can never differ from what the device plugin advertises.
+
+    Args:
+        config: The config.
+        mig_profiles: The MIG profiles of the node's MIG devices (repeats are fine).
+        device_plugin_dir: As for :func:`plan_resources`.
+
+    Raises:
+        ConfigError: A sharing rename that collides with another resource's name or
+            socket, or whose socket path would be too long.
+    """
+    strategy = config.flags.mig_strategy
     base_names = [GPU_RESOURCE]  # always served, so a pod can wait for a GPU
     if strategy == "mixed":
-        for g in enabled:
-            base_names.extend(_mig_resource(m.profile) for m in mig.get(g.uuid, ()))
+        base_names.extend(_mig_resource(p) for p in mig_profiles)
     base_names = list(dict.fromkeys(base_names))
     slicing = config.sharing.time_slicing
     advertised: dict[str, str] = {}

@@ -48,7 +48,13 @@ from kubedevice.plugin.pci import (
     pcie_root,
 )
 
-__all__ = ["DEFAULT_DRIVER_NAME", "GenericDraDriver", "build_devices", "device_name"]
+__all__ = [
+    "DEFAULT_DRIVER_NAME",
+    "GenericDraDriver",
+    "build_devices",
+    "device_name",
+    "resource_attribute",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,11 @@ Checks = Mapping[tuple[str, str], CheckResult]
 
 def _label(text: str) -> str:
     return _NOT_LABEL.sub("-", text.lower()).strip("-")
+
+
+def resource_attribute(resource: str) -> str:
+    """The ``resource`` attribute of a device of ``resource`` (at most 64 characters)."""
+    return resource[:_MAX_STRING]
 
 
 def device_name(resource: str, device_id: str, replica: int | None = None) -> str:
@@ -145,7 +156,7 @@ def _devices_of(
         result = checks.get((res.name, phys.id))
         health = Health.HEALTHY if result is not None and result.healthy else Health.UNHEALTHY
     attrs: dict[str, AttributeValue] = {
-        "resource": res.name[:_MAX_STRING],
+        "resource": resource_attribute(res.name),
         "group": group_name(group, phys.group),
     }
     if phys.nodes and len(phys.nodes[0].host_path) <= _MAX_STRING:
