@@ -18,6 +18,9 @@ STATIC = [ROOT / "deploy" / "kubedevice.yaml", ROOT / "deploy" / "kubedevice-nvi
 KUBE_VERSIONS = ("1.26.0", "1.37.0")
 #: Kinds whose schema is not built into Kubernetes (CRDs); checked by the tests directly.
 CRD_KINDS = {"PodMonitor"}
+#: API groups newer than the oldest version: checked from the first version that has them
+#: (resource.k8s.io/v1, DRA, is in Kubernetes 1.34+, as the DRA drivers need).
+FIRST_VERSION = {"resource.k8s.io/v1": "1.34.0"}
 
 
 def render(
@@ -48,7 +51,8 @@ def validate_all(docs: Iterable[dict[str, Any]]) -> int:
     for doc in docs:
         if doc["kind"] in CRD_KINDS:
             continue
-        for version in KUBE_VERSIONS:
+        first = FIRST_VERSION.get(doc["apiVersion"])
+        for version in (first, KUBE_VERSIONS[-1]) if first else KUBE_VERSIONS:
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as exc:

@@ -40,9 +40,10 @@ def test_lint_strict_with_both_drivers() -> None:
 
 def test_both_drivers_render_and_validate() -> None:
     docs = render(values=DRA_ON)
-    # generic plugin DaemonSet + its ConfigMap, the GPU config for the DRA driver, and per
-    # driver a DaemonSet, a ServiceAccount, a ClusterRole and a ClusterRoleBinding
-    assert validate_all(docs) == 2 + 1 + 2 * 4
+    # generic plugin DaemonSet + its ConfigMap, the GPU config for the DRA driver, per driver
+    # (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet), and the DeviceClasses
+    # of nvidia.com/gpu and kubedevice.io/fuse
+    assert validate_all(docs) == 2 + 1 + 2 * 4 + 2
     gpu = daemonset(docs, "dra-nvidia")
     gen = daemonset(docs, "dra-generic")
     assert gpu["metadata"]["name"] == "kubedevice-dra-nvidia"

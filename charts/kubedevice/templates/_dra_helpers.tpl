@@ -106,3 +106,69 @@ driver's socket by its host path), the CDI dir and the host's /dev and /sys. */}
 - --sys-root
 - /host/sys
 {{- end -}}
+
+{{/* The DeviceClass name of an extended resource, as kubedevice.dra.classes.class_name makes
+it: "/" -> "-"; when that is not a DNS subdomain as it stands, lower-cased, other characters
+"-", and the first 8 hex digits of the resource name's SHA-1 appended. */}}
+{{- define "kubedevice.deviceClassName" -}}
+{{- $plain := replace "/" "-" . -}}
+{{- $name := regexReplaceAll "[^a-z0-9.-]" (lower $plain) "-" -}}
+{{- $subdomain := "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" -}}
+{{- if or (ne $name $plain) (gt (len $name) 253) (not (regexMatch $subdomain $name)) -}}
+{{- $name = printf "%s-%s" (regexReplaceAll "[-.]+$" (trunc 244 $name) "") (trunc 8 (sha1sum .)) -}}
+{{- end -}}
+{{- if not (regexMatch $subdomain $name) -}}
+{{- fail (printf "%q: no DeviceClass name can be made of this resource name" .) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* The GPU DRA driver's classes as JSON [{resource, expression, config}], as
+kubedevice.nvidia.dra.classes makes them: (dict "doc" config "driver" name "profiles" list). */}}
+{{- define "kubedevice.gpuDeviceClasses" -}}
+{{- $flags := .doc.flags | default dict -}}
+{{- $strategy := toString ($flags.migStrategy | default "none") -}}
+{{- $slicing := (.doc.sharing | default dict).timeSlicing | default dict -}}
+{{- $shared := $slicing.resources | default list -}}
+{{- $d := toJson .driver -}}
+{{- $attr := printf "device.attributes[%s]" $d -}}
+{{- $bases := list "nvidia.com/gpu" -}}
+{{- if eq $strategy "mixed" -}}
+{{- range .profiles }}{{- $bases = append $bases (printf "nvidia.com/mig-%s" .) -}}{{- end -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range $base := uniq $bases -}}
+{{- $name := $base -}}
+{{- $config := dict -}}
+{{- range $shared -}}
+{{- if eq (toString .name) $base -}}
+{{- if .rename -}}{{- $name = .rename -}}{{- else if $slicing.renameByDefault -}}{{- $name = printf "%s.shared" $base -}}{{- end -}}
+{{- $config = dict "apiVersion" "resource.kubedevice.io/v1" "kind" "GpuConfig" "sharing" (dict "strategy" "TimeSlicing") -}}
+{{- end -}}
+{{- end -}}
+{{- $expr := printf "device.driver == %s" $d -}}
+{{- $mig := false -}}
+{{- if eq $base "nvidia.com/gpu" -}}
+{{- if ne $strategy "single" -}}{{- $expr = printf "%s && %s.type == \"gpu\"" $expr $attr -}}{{- end -}}
+{{- $mig = and (eq $strategy "single") (gt (len $.profiles) 0) -}}
+{{- else -}}
+{{- $expr = printf "%s && %s.type == \"mig\" && %s.profile == %s" $expr $attr $attr (toJson (trimPrefix "nvidia.com/mig-" $base)) -}}
+{{- $mig = true -}}
+{{- end -}}
+{{- if and $config $mig -}}{{- $_ := set $config "kind" "MigDeviceConfig" -}}{{- end -}}
+{{- $out = append $out (dict "resource" $name "expression" $expr "config" $config) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The /dev DRA driver's classes as JSON [{resource, expression}], as
+kubedevice.generic.dra.classes makes them: (dict "doc" config "driver" name). */}}
+{{- define "kubedevice.devDeviceClasses" -}}
+{{- $d := toJson .driver -}}
+{{- $out := list -}}
+{{- range .doc.resources | default list -}}
+{{- $expr := printf "device.driver == %s && device.attributes[%s].resource == %s" $d $d (toJson (trunc 64 (toString .name))) -}}
+{{- $out = append $out (dict "resource" (toString .name) "expression" $expr) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
