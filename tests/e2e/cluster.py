@@ -39,6 +39,8 @@ from kubernetes.client.rest import ApiException
 from kubedevice.ports import free_port
 
 NODE = "kd-node"
+#: Nodes a test may add with ``Cluster.add_node`` (each has a token and a kubeconfig).
+EXTRA_NODES = ("kd-node-2",)
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCK = DEVICE_PLUGIN_DIR / "kubelet.sock"
 BINARIES = (
@@ -356,6 +358,12 @@ class Kubelet:
     extra_config: dict[str, Any] = field(default_factory=dict)
     #: when the current kubelet process was started (``time.time()``)
     started_at: float = 0.0
+    #: the Node's name
+    node: str = NODE
+    #: run the kubelet in a mount namespace of its own with a tmpfs on the device-plugin
+    #: directory (fixed at /var/lib/kubelet/device-plugins): a second kubelet of the machine
+    #: then never touches the first one's device plugins, nor they it
+    private_mounts: bool = False
 
     @property
     def cri_socket(self) -> Path:
@@ -375,6 +383,14 @@ class Kubelet:
         return DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
 
     @property
+    def kubelet_sock(self) -> Path:
+        """The device manager's socket as this process sees it (through /proc for a kubelet
+        in a mount namespace of its own)."""
+        if not self.private_mounts or self.process is None:
+            return KUBELET_SOCK
+        return Path(f"/proc/{self.process.pid}/root") / KUBELET_SOCK.relative_to("/")
+
+    @property
     def plugins_registry(self) -> Path:
         """Where DRA drivers (and other kubelet plugins) put their registration sockets."""
         return self.root / "plugins_registry"
@@ -386,12 +402,13 @@ class Kubelet:
 
     def start_runtime(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        name = "kd-fakecri" if self.node == NODE else f"kd-fakecri-{self.node}"
         self.cri = Process(
-            "kd-fakecri",
+            name,
             [str(self.bin_dir / "kd-fakecri"), "--endpoint", f"unix://{self.cri_socket}",
              "--record", str(self.record)],
-            self.logs / "kd-fakecri.log",
-            own_dir(self.logs, "kd-fakecri"),
+            self.logs / f"{name}.log",
+            own_dir(self.logs, name),
         )  # fmt: skip
         self.cri.start()
         _poll("kd-fakecri", self.cri_socket.is_socket, 30, [self.cri])
@@ -443,15 +460,20 @@ class Kubelet:
         if self.cri is None or not self.cri.alive():
             self.start_runtime()
         config = self.write_config()
+        prefix: list[str] = []
+        if self.private_mounts:
+            mount = f'mount -t tmpfs tmpfs {DEVICE_PLUGIN_DIR} && exec "$@"'
+            prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "kubelet"]
+        name = "kubelet" if self.node == NODE else f"kubelet-{self.node}"
         self.process = Process(
-            "kubelet",
-            [str(self.bin_dir / "kubelet"), f"--kubeconfig={self.kubeconfig}",
-             f"--config={config}", f"--hostname-override={NODE}", f"--root-dir={self.root}",
+            name,
+            [*prefix, str(self.bin_dir / "kubelet"), f"--kubeconfig={self.kubeconfig}",
+             f"--config={config}", f"--hostname-override={self.node}", f"--root-dir={self.root}",
              f"--cert-dir={self.root / 'pki'}", "--v=2",
              # the device manager's GetPreferredAllocation and Allocate calls are logged at 4
              "--vmodule=manager=4"],
-            self.logs / "kubelet.log",
-            own_dir(self.logs, "kubelet"),
+            self.logs / f"{name}.log",
+            own_dir(self.logs, name),
         )  # fmt: skip
         self.started_at = time.time()
         self.process.start()
@@ -461,7 +483,7 @@ class Kubelet:
         # it: a plugin registering before then is refused (and waits out its backoff)
         _poll(
             "the new kubelet.sock to accept",
-            lambda: unix_socket_answers(KUBELET_SOCK),
+            lambda: unix_socket_answers(self.kubelet_sock),
             30,
             [self.process],
         )
@@ -540,6 +562,8 @@ class Cluster:
     api_port: int = 0
     kubelet: Kubelet | None = None
     api: client.ApiClient | None = None
+    #: kubelets of more nodes (``add_node``), by Node name
+    nodes: dict[str, Kubelet] = field(default_factory=dict)
 
     # -- paths
     @property
@@ -598,6 +622,7 @@ class Cluster:
             f"system:node:{NODE}": "system:nodes",
             # a node identity without a kubelet: for 403 tests (NodeRestriction)
             "system:node:other-node": "system:nodes",
+            **{f"system:node:{n}": "system:nodes" for n in EXTRA_NODES},
         }
         self.tokens = make_pki(self.pki, users)
         ca = self.pki / "ca.crt"
@@ -614,6 +639,7 @@ class Cluster:
                 ("controller-manager", "system:kube-controller-manager"),
                 ("kubelet", f"system:node:{NODE}"),
                 ("other-node", "system:node:other-node"),
+                *((f"kubelet-{n}", f"system:node:{n}") for n in EXTRA_NODES),
             )
         }
         etcd = self._proc("etcd", *etcd_args(self.workdir / "etcd", etcd_port, etcd_peer))
@@ -707,6 +733,41 @@ class Cluster:
         self.kubelet.start()
         self.wait_node_ready()
 
+    def add_node(self, name: str = EXTRA_NODES[0]) -> Kubelet:
+        """Start kd-fakecri and a kubelet for one more Node ``name`` (one of ``EXTRA_NODES``)
+        and wait until it is Ready; ``remove_node`` stops it and deletes the Node.
+
+        The kubelet runs in a mount namespace of its own (``Kubelet.private_mounts``): device
+        plugins of the test process register with the first kubelet only; DRA drivers reach
+        this one through its ``--root-dir`` (``kubelet.root``), which both namespaces see.
+        """
+        if name not in EXTRA_NODES:
+            raise ClusterError(f"no identity for Node {name}; add it to EXTRA_NODES")
+        if name in self.nodes:
+            raise ClusterError(f"Node {name} is running already")
+        kubelet = Kubelet(
+            self.bin_dir,
+            self.workdir / f"kubelet-{name}",
+            self.logs,
+            self.workdir / f"kubelet-{name}.kubeconfig",
+            self.pki / "ca.crt",
+            node=name,
+            private_mounts=True,
+        )
+        self.nodes[name] = kubelet
+        kubelet.start_runtime()
+        kubelet.start()
+        self.wait_node_ready(kubelet)
+        return kubelet
+
+    def remove_node(self, name: str) -> None:
+        """Stop Node ``name``'s kubelet and runtime and delete the Node (its pods go with it)."""
+        kubelet = self.nodes.pop(name, None)
+        if kubelet is not None:
+            kubelet.stop_all()
+        with contextlib.suppress(ApiException):
+            self.core.delete_node(name)
+
     def restart_kubelet(self) -> None:
         """Stop the kubelet process and start it again (the runtime and its containers stay)."""
         assert self.kubelet is not None
@@ -718,6 +779,8 @@ class Cluster:
         """Stop every process this cluster started, unmount under the workdir, clean up."""
         if self.api is not None:
             self.api.close()
+        for kubelet in self.nodes.values():
+            kubelet.stop_all()
         if self.kubelet is not None:
             self.kubelet.stop_all()
         for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
@@ -734,6 +797,9 @@ class Cluster:
         out = {name: p.log for name, p in self.procs.items()}
         if self.kubelet is not None and self.kubelet.process is not None:
             out["kubelet"] = self.kubelet.process.log
+        for name, kubelet in self.nodes.items():
+            if kubelet.process is not None:
+                out[f"kubelet-{name}"] = kubelet.process.log
         out.update(self.extra_logs)
         return out
 
@@ -744,15 +810,16 @@ class Cluster:
     def node(self) -> Any:
         return self.core.read_node(NODE)
 
-    def wait_node_ready(self, timeout: float = 60) -> Any:
-        """Wait until the current kubelet process has posted the Node Ready.
+    def wait_node_ready(self, kubelet: Kubelet | None = None, timeout: float = 60) -> Any:
+        """Wait until the current process of ``kubelet`` (the first) has posted its Node Ready.
 
         A Ready heartbeat from before its start (the previous kubelet's, after a restart) does
         not count: heartbeats have whole seconds, so one at or after the first whole second
         after the start is the new kubelet's.
         """
-        assert self.kubelet is not None
-        since = datetime.datetime.fromtimestamp(math.ceil(self.kubelet.started_at), datetime.UTC)
+        kubelet = kubelet or self.kubelet
+        assert kubelet is not None
+        since = datetime.datetime.fromtimestamp(math.ceil(kubelet.started_at), datetime.UTC)
 
         def ready(n: Any) -> bool:
             return any(
@@ -760,18 +827,25 @@ class Cluster:
                 for c in n.status.conditions or []
             )
 
-        return self.wait_node(ready, timeout, f"Ready (a heartbeat since {since:%H:%M:%S})")
+        return self.wait_node(
+            ready, timeout, f"Ready (a heartbeat since {since:%H:%M:%S})", node=kubelet.node
+        )
 
     def wait_node(
-        self, predicate: Callable[[Any], bool], timeout: float = 30, what: str = ""
+        self,
+        predicate: Callable[[Any], bool],
+        timeout: float = 30,
+        what: str = "",
+        *,
+        node: str = NODE,
     ) -> Any:
-        """Watch Node ``NODE`` until ``predicate(node)``; return that node."""
+        """Watch Node ``node`` until ``predicate(node)``; return that node."""
         return wait_for(
             self.core.list_node,
-            lambda n: n.metadata.name == NODE and predicate(n),
+            lambda n: n.metadata.name == node and predicate(n),
             timeout,
-            f"Node {NODE} {what}".strip(),
-            field_selector=f"metadata.name={NODE}",
+            f"Node {node} {what}".strip(),
+            field_selector=f"metadata.name={node}",
         )
 
     def wait_resource(

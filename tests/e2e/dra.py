@@ -30,7 +30,7 @@ from kubernetes import client
 from kubedevice.generic import FakeHost
 from kubedevice.nvidia.fake import FakeNvml, send_control, write_fake_dev, write_fake_sysfs
 
-from .cluster import NODE, Cluster, ClusterError, Process, wait_for
+from .cluster import NODE, Cluster, ClusterError, Kubelet, Process, wait_for
 
 KUBEDEVICE = str(Path(sys.executable).with_name("kubedevice"))
 REGISTERED = "registered with the kubelet as DRA driver"
@@ -83,8 +83,10 @@ class DraDriver:
         root: Path,
         env: Any,
         kubeconfig: Path | None = None,
+        kubelet: Kubelet | None = None,
     ) -> None:
-        assert cluster.kubelet is not None
+        kubelet = kubelet or cluster.kubelet
+        assert kubelet is not None
         self.cluster = cluster
         name = f"{name}-{next(_serial)}"  # a log of its own: counts are this driver's
         self.name = name
@@ -95,7 +97,7 @@ class DraDriver:
         self.process = Process(
             name,
             [KUBEDEVICE, "--log-level", "debug", *argv, "--driver-name", driver,
-             "--node-name", NODE, "--kubelet-dir", str(cluster.kubelet.root),
+             "--node-name", kubelet.node, "--kubelet-dir", str(kubelet.root),
              "--cdi-dir", str(self.cdi_dir),
              "--kubeconfig", str(kubeconfig or cluster.admin_kubeconfig)],
             self.log,
@@ -151,6 +153,7 @@ class GpuDra(DraDriver):
         config: str = "version: v1\n",
         name: str = "gpu-dra",
         kubeconfig: Path | None = None,
+        kubelet: Kubelet | None = None,
     ) -> None:
         root = Path(tempfile.mkdtemp(prefix="kddg-", dir="/tmp"))
         self.nvml = FakeNvml.from_file(machine)
@@ -167,6 +170,7 @@ class GpuDra(DraDriver):
             root,
             {"KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock")},
             kubeconfig,
+            kubelet,
         )  # fmt: skip
 
     @property
@@ -213,13 +217,13 @@ def resource_api(cluster: Cluster) -> client.ResourceV1Api:
     return client.ResourceV1Api(cluster.api)
 
 
-def slice_devices(cluster: Cluster, driver: str) -> dict[str, Any]:
-    """The devices of the driver's slices on the node, by name."""
+def slice_devices(cluster: Cluster, driver: str, node: str = NODE) -> dict[str, Any]:
+    """The devices of the driver's slices on ``node``, by name."""
     out: dict[str, Any] = {}
     for s in (
         resource_api(cluster).list_resource_slice(field_selector=f"spec.driver={driver}").items
     ):
-        if s.spec.node_name == NODE:
+        if s.spec.node_name == node:
             out.update({d.name: d for d in s.spec.devices or []})
     return out
 
@@ -230,13 +234,14 @@ def wait_slices(
     predicate: Callable[[set[str]], bool],
     what: str,
     timeout: float = 30,
+    node: str = NODE,
 ) -> set[str]:
     """Watch the ResourceSlices until the names of the driver's schedulable devices (those
-    without a taint) satisfy ``predicate``."""
+    without a taint) on ``node`` satisfy ``predicate``."""
     api = resource_api(cluster)
 
     def names() -> set[str]:
-        return {n for n, d in slice_devices(cluster, driver).items() if not d.taints}
+        return {n for n, d in slice_devices(cluster, driver, node).items() if not d.taints}
 
     if predicate(names()):
         return names()
