@@ -293,8 +293,8 @@ def test_one_deployment_on_a_device_plugin_node_and_a_dra_node(
     classes = printed_classes("nvidia", "dra", "--config", str(drv.root / "gpu.yaml"))
     with created_classes(cluster, classes):
         labels = {"app": "gpu"}
-        template = pod_manifest("x", {GPU: 1})
-        template["metadata"] = {"labels": labels}
+        pod = pod_manifest("x", {GPU: 1})
+        template = {"metadata": {"labels": labels}, "spec": pod["spec"]}
         template["spec"]["topologySpreadConstraints"] = [
             {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
              "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": labels}}
