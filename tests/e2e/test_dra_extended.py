@@ -31,8 +31,14 @@ from .dra import (
     DraDriver,
     GenericDra,
     GpuDra,
+    allocated,
+    claim_pod,
+    claim_spec,
+    create_template,
     log_count,
+    pod_claim,
     release,
+    request,
     resource_api,
     run_claim_pod,
     wait_slices,
@@ -360,3 +366,33 @@ def test_the_charts_class_for_the_default_config_serves_a_pod(
         run_claim_pod(cluster, ns, pod_manifest("p", {GPU: 1}))
         _mapping, claim = extended_claim(cluster, ns, "p")
         assert len(results_by_request(claim)["container-0-request-0"]) == 1
+
+
+def test_a_node_with_both_serves_the_name_by_the_plugin_and_gives_gpus_twice(
+    cluster: Cluster,
+    ns: str,
+    drivers: list[DraDriver],
+    gpu_plugin: Callable[..., GpuDaemon],
+) -> None:
+    """What docs/nvidia.md warns of: the device plugin and the DRA driver on one node.
+
+    The scheduler serves ``nvidia.com/gpu`` by DRA only on nodes whose allocatable has none of
+    it, so the plugin serves the pod; but nothing tells DRA what the plugin handed out: a
+    ResourceClaim for all 8 GPUs is allocated and prepared while the plugin's pod holds them.
+    """
+    plugin = gpu_plugin()
+    cluster.wait_resource(GPU, allocatable=8)
+    drv = GpuDra(cluster, "dgx-8gpu")
+    drivers.append(drv)
+    drv.start()
+    wait_slices(cluster, GPU_DRIVER, lambda n: len(n) == 8, "8 GPUs")
+    classes = printed_classes("nvidia", "dra", "--config", str(drv.root / "gpu.yaml"))
+    with created_classes(cluster, classes):
+        dp = cluster.run_pod(ns, pod_manifest("plugin", {GPU: 8}))
+        assert dp.status.extended_resource_claim_status is None
+        record = cluster.kubelet.created(ns, "plugin", "main")  # type: ignore[union-attr]
+        visible = {e["key"]: e["value"] for e in record["envs"]}["NVIDIA_VISIBLE_DEVICES"]
+        assert sorted(visible.split(",")) == sorted(plugin.uuids)
+        create_template(cluster, ns, "all", claim_spec(request("gpus", "nvidia.com-gpu", 8)))
+        run_claim_pod(cluster, ns, claim_pod("dra", template="all"))
+        assert len(allocated(pod_claim(cluster, ns, "dra"))) == 8
