@@ -1,5 +1,7 @@
 """The chart's DeviceClasses for extended resources agree with ``--print-device-classes``.
 
+(And so do the examples of docs/nvidia.md and docs/dra.md.)
+
 The chart computes the classes in templates (helm cannot run kubedevice); the drivers compute
 them from the device plugin's own naming code. Each case renders the chart with the real helm
 and runs the real CLI (a process) on the same config: the same classes must come out.
@@ -183,3 +185,23 @@ def test_print_device_classes_needs_dra(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "--print-device-classes needs --dra" in proc.stderr
+
+
+def _doc_classes(doc: str) -> list[dict[str, Any]]:
+    text = (CHART.parents[1] / "docs" / doc).read_text()
+    heading = "## Moving from the device plugin to DRA with unchanged pod specs"
+    section = text[text.index(heading) :]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
+
+
+def test_the_docs_examples_are_what_the_cli_prints(tmp_path: Path) -> None:
+    assert _doc_classes("nvidia.md") == _cli("nvidia", "dra")
+    config = tmp_path / "dev.yaml"
+    config.write_text(
+        "version: v1\nresources:\n  - name: example.com/serial\n"
+        "    groups: [{paths: [{path: /dev/ttyUSB*}]}]\n"
+    )
+    assert _doc_classes("dra.md") == _cli("run", "--dra", "--config", str(config))

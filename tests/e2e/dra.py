@@ -432,6 +432,8 @@ def docs_yaml() -> list[dict[str, Any]]:
     """The YAML examples of docs/dra.md, "Running the two drivers", as documents."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
     section = text[text.index("## Running the two drivers") :]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
     return [d for b in blocks for d in yaml.safe_load_all(b) if d]
 
