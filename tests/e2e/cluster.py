@@ -3,9 +3,11 @@
 ``Cluster.start(bin_dir, workdir)`` brings up etcd, kube-apiserver, kube-scheduler and
 kube-controller-manager on free ports of 127.0.0.1, with their own PKI (openssl), static tokens
 and kubeconfigs in ``workdir``; then ``kd-fakecri`` (a fake CRI runtime that records every
-CreateContainer) and a kubelet for one Node, ``NODE``. Every process runs in its own process
-group and writes ``workdir/logs/<name>.log``; ``Cluster.stop()`` stops exactly those groups,
-unmounts what the kubelet mounted under ``workdir`` and leaves the device-plugin directory clean.
+CreateContainer) and a kubelet for one Node, ``NODE``; ``add_node`` starts a kubelet for one
+more (in a mount namespace of its own, see ``Kubelet.private_mounts``). Every process runs in its
+own process group and writes ``workdir/logs/<name>.log``; ``Cluster.stop()`` stops exactly those
+groups, unmounts what the kubelet mounted under ``workdir`` and leaves the device-plugin directory
+clean.
 
 Waits never sleep for a fixed time: HTTP readiness is polled against a deadline, API objects are
 awaited with watches (``wait_for``).

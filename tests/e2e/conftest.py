@@ -17,8 +17,10 @@ import pytest
 
 from .cluster import (
     DEVICE_PLUGIN_DIR,
+    EXTRA_NODES,
     HOW_TO_GET,
     Cluster,
+    Kubelet,
     find_binaries,
     namespace,
     tail,
@@ -122,6 +124,17 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     with namespace(cluster, name):
         yield name
         cluster.delete_pods(name)
+
+
+@pytest.fixture
+def second_node(cluster: Cluster) -> Iterator[Kubelet]:
+    """A real kubelet (and kd-fakecri) for one more Node, ``EXTRA_NODES[0]``, Ready; it is
+    stopped and its Node deleted afterwards (``Cluster.add_node``)."""
+    name = EXTRA_NODES[0]
+    try:
+        yield cluster.add_node(name)
+    finally:
+        cluster.remove_node(name)
 
 
 @pytest.fixture

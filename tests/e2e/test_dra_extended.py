@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
-from .cluster import EXTRA_NODES, NODE, Cluster, Kubelet, pod_manifest, wait_for
+from .cluster import NODE, Cluster, Kubelet, pod_manifest, wait_for
 from .conftest import GPU
 from .dra import (
     KUBEDEVICE,
@@ -270,15 +270,6 @@ def delete_deployment(cluster: Cluster, ns: str, name: str, timeout: float = 120
         finally:
             w.stop()
     raise AssertionError(f"Deployment {ns}/{name} not gone after {timeout:.0f} s")
-
-
-@pytest.fixture
-def second_node(cluster: Cluster) -> Iterator[Kubelet]:
-    name = EXTRA_NODES[0]
-    try:
-        yield cluster.add_node(name)
-    finally:
-        cluster.remove_node(name)
 
 
 def test_one_deployment_on_a_device_plugin_node_and_a_dra_node(
