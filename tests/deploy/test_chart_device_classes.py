@@ -205,3 +205,28 @@ def test_the_docs_examples_are_what_the_cli_prints(tmp_path: Path) -> None:
         "    groups: [{paths: [{path: /dev/ttyUSB*}]}]\n"
     )
     assert _doc_classes("dra.md") == _cli("run", "--dra", "--config", str(config))
+
+
+def _notes(*settings: str) -> str:
+    args = [a for s in settings for a in ("--set", s)]
+    out = helm("install", "--dry-run", "k", str(CHART), *args).stdout
+    return out[out.index("NOTES:") :]
+
+
+def test_notes_warn_when_a_plugin_and_its_dra_driver_share_nodes() -> None:
+    both = _notes("nvidia.enabled=true", "dra.nvidia.enabled=true", "dra.generic.enabled=true")
+    assert "GPU plugin and the GPU DRA driver run on the same nodes" in both
+    assert "generic plugin and the /dev DRA driver run on the same nodes" in both
+    assert "kubectl get deviceclasses -l app.kubernetes.io/instance=k" in both
+    apart = _notes(
+        "nvidia.enabled=true",
+        "dra.nvidia.enabled=true",
+        "dra.nvidia.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=dra",
+        "dra.nvidia.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        "generic.enabled=false",
+        "dra.nvidia.deviceClasses.enabled=false",
+    )
+    assert "WARNING: the" not in apart
+    assert "deviceclasses" not in apart
