@@ -24,6 +24,7 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "cdi",
         "checkpoint",
         "claims",
+        "classes",
         "driver",
         "files",
         "health",
