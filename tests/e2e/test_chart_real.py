@@ -226,13 +226,15 @@ def test_helm_install_upgrade_with_reuse_values_and_uninstall(
 @contextlib.contextmanager
 def _create_dra(cluster: Cluster, ns: str, docs: list[dict[str, Any]]) -> Iterator[None]:
     """Create everything the chart rendered: the ServiceAccounts and ConfigMaps first (a pod
-    naming a missing ServiceAccount is refused), then the RBAC and the DaemonSets; the
-    cluster-scoped objects are deleted afterwards."""
+    naming a missing ServiceAccount is refused), then the RBAC, the DeviceClasses and the
+    DaemonSets; the cluster-scoped objects are deleted afterwards."""
     apps = client.AppsV1Api(cluster.api)
     rbac = client.RbacAuthorizationV1Api(cluster.api)
+    resource = client.ResourceV1Api(cluster.api)
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == [
-        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "ServiceAccount",
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass",
+        "ServiceAccount",
     ], kinds  # fmt: skip
     for sa in by_kind(docs, "ServiceAccount"):
         cluster.core.create_namespaced_service_account(ns, sa)
@@ -246,6 +248,11 @@ def _create_dra(cluster: Cluster, ns: str, docs: list[dict[str, Any]]) -> Iterat
         for binding in by_kind(docs, "ClusterRoleBinding"):
             rbac.create_cluster_role_binding(binding)
             made.append((rbac.delete_cluster_role_binding, binding["metadata"]["name"]))
+        for cls in by_kind(docs, "DeviceClass"):
+            made_cls = resource.create_device_class(cls)
+            made.append((resource.delete_device_class, cls["metadata"]["name"]))
+            # the API server kept the field (DRAExtendedResource is on in 1.36)
+            assert made_cls.spec.extended_resource_name == cls["spec"]["extendedResourceName"]
         for ds in by_kind(docs, "DaemonSet"):
             apps.create_namespaced_daemon_set(ns, ds)
         yield
