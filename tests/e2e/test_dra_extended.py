@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
-from .cluster import NODE, Cluster, Kubelet, pod_manifest, wait_for
+from .cluster import NODE, Cluster, ClusterError, Kubelet, pod_manifest, wait_for
 from .conftest import GPU
 from .dra import (
     KUBEDEVICE,
@@ -332,7 +332,7 @@ def test_one_deployment_on_a_device_plugin_node_and_a_dra_node(
             assert claim.status.allocation.node_selector is not None
             [nodes] = container_nodes(cluster, second_node, drv, ns, dra.metadata.name, "main")
             assert nodes[0] == f"/dev/nvidia{device.removeprefix('gpu-')}"
-            with pytest.raises(Exception, match="no CreateContainer"):
+            with pytest.raises(ClusterError, match="no CreateContainer"):
                 second_node.created(ns, dp.metadata.name, "main")
         finally:
             delete_deployment(cluster, ns, "gpu")
