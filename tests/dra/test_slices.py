@@ -322,8 +322,9 @@ def test_slices_with_a_tainted_device_hold_at_most_64(
     tainted: tuple[int, ...], count: int, sizes: list[int]
 ) -> None:
     from kubedevice.dra.slices import _chunks, device_object
+    from kubedevice.dra.taints import TaintPolicy
 
-    devices = [device_object(d, "x.io/unhealthy") for d in gpus(count, unhealthy=tainted)]
+    devices = [device_object(d, TaintPolicy("x.io")) for d in gpus(count, unhealthy=tainted)]
     chunks = _chunks(devices)
     assert [len(c) for c in chunks] == sizes
     assert [d for c in chunks for d in c] == devices  # in order, none lost

@@ -91,6 +91,14 @@ def dra_options(default_driver_name: str) -> Callable[[F], F]:
                 "--no-health", is_flag=True, help="Do not serve the kubelet's health stream."
             ),
             click.option(
+                "--evict-on",
+                multiple=True,
+                metavar="FAULT",
+                help="Taint devices with this fault NoExecute, so that the controller-manager "
+                "evicts the pods using them (xid, xid=79, gpu-lost, health-check, unhealthy, "
+                "all; repeat or comma-separate). Other faults: NoSchedule.",
+            ),
+            click.option(
                 "--cleanup",
                 is_flag=True,
                 help="Remove this driver's ResourceSlices on this node and its CDI specs, "
@@ -111,6 +119,8 @@ def driver_options(
     cdi_dir: Path,
     kubeconfig: Path | None,
     no_health: bool,
+    evict_on: tuple[str, ...] = (),
+    metrics_address: str | None = None,
 ) -> DriverOptions:
     """The :class:`~kubedevice.dra.DriverOptions` of the parsed options."""
     from kubedevice.dra import DriverOptions
@@ -122,6 +132,8 @@ def driver_options(
         cdi_dir=cdi_dir.absolute(),
         kubeconfig=kubeconfig,
         health=not no_health,
+        evict_on=tuple(evict_on),
+        metrics_address=metrics_address,
     )
 
 

@@ -180,6 +180,11 @@ def run_command(
     help="The driver root as a path on the host, for CDI specs (flags.hostDriverRoot).",
 )
 @PRINT_DEVICE_CLASSES
+@click.option(
+    "--metrics-address",
+    default=None,
+    help="Serve /metrics (Prometheus), /healthz and /readyz on HOST:PORT.",
+)
 def dra_command(
     config_path: Path | None,
     nvml: str,
@@ -189,12 +194,14 @@ def dra_command(
     cdi_dir: Path,
     kubeconfig: Path | None,
     no_health: bool,
+    evict_on: tuple[str, ...],
     cleanup: bool,
     dev_root: str | None,
     sys_root: str | None,
     driver_root: str | None,
     host_driver_root: str | None,
     print_device_classes: bool,
+    metrics_address: str | None,
 ) -> None:
     """Run the GPU DRA driver: the GPUs as devices of ResourceSlices, prepared per claim.
 
@@ -238,7 +245,16 @@ def dra_command(
         backend,
         wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
     )
-    options = driver_options(driver_name, node_name, kubelet_dir, cdi_dir, kubeconfig, no_health)
+    options = driver_options(
+        driver_name,
+        node_name,
+        kubelet_dir,
+        cdi_dir,
+        kubeconfig,
+        no_health,
+        tuple(config.health.evict_on) + tuple(evict_on),
+        metrics_address,
+    )
     if not cleanup:
         try:
             options.resolved(driver)  # a bad name or no node name: before NVML starts

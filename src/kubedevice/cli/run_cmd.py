@@ -90,6 +90,7 @@ def run_command(
     cdi_dir: Path,
     kubeconfig: Path | None,
     no_health: bool,
+    evict_on: tuple[str, ...],
     cleanup: bool,
     print_device_classes: bool,
 ) -> None:
@@ -124,7 +125,14 @@ def run_command(
                 _fail(str(exc))
             return
         options = driver_options(
-            driver_name, node_name, kubelet_dir, cdi_dir, kubeconfig, no_health
+            driver_name,
+            node_name,
+            kubelet_dir,
+            cdi_dir,
+            kubeconfig,
+            no_health,
+            tuple(cfg.evict_on) + tuple(evict_on),
+            metrics_address,
         )
         run_driver(GenericDraDriver(cfg), options, cleanup=cleanup)
         return

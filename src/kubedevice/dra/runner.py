@@ -63,6 +63,11 @@ class DriverOptions:
         kubeconfig: A kubeconfig file; ``None`` uses the in-cluster service account.
         publish: Publish ResourceSlices (off: the driver only serves the kubelet).
         health: Serve the ``v1alpha1.DRAResourceHealth`` stream.
+        evict_on: Faults whose device taint is ``NoExecute`` (``xid``, ``xid=79``,
+            ``gpu-lost``, ``health-check``, ``unhealthy``, ``all``); the rest are
+            ``NoSchedule``. See :mod:`kubedevice.dra.taints`.
+        metrics_address: ``HOST:PORT`` to serve ``/metrics`` (Prometheus), ``/healthz``
+            and ``/readyz`` on; ``None`` serves none.
     """
 
     driver_name: str | None = None
@@ -72,6 +77,8 @@ class DriverOptions:
     kubeconfig: Path | None = None
     publish: bool = True
     health: bool = True
+    evict_on: tuple[str, ...] = ()
+    metrics_address: str | None = None
 
     def resolved(self, driver: Driver) -> Settings:
         """These options with the driver name and node name filled in and checked.
@@ -89,6 +96,13 @@ class DriverOptions:
             raise ConfigError(f"no node name: pass --node-name or set ${ENV_NODE_NAME}")
         check_driver_name(driver_name)
         check_node_name(node_name)
+        from kubedevice.dra.taints import parse_evict_on
+
+        evict_on = parse_evict_on(self.evict_on)
+        if self.metrics_address is not None:
+            from kubedevice.plugin.metrics import parse_metrics_address
+
+            parse_metrics_address(self.metrics_address)
         return Settings(
             driver_name=driver_name,
             node_name=node_name,
@@ -97,6 +111,8 @@ class DriverOptions:
             kubeconfig=Path(self.kubeconfig) if self.kubeconfig else None,
             publish=self.publish,
             health=self.health,
+            evict_on=evict_on,
+            metrics_address=self.metrics_address,
         )
 
 
@@ -201,8 +217,8 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The command-line parser :func:`main` uses, for authors to add their own options.
 
     Flags: ``--driver-name``, ``--node-name`` (default ``$NODE_NAME``), ``--kubelet-dir``,
-    ``--cdi-dir``, ``--kubeconfig`` (default: in-cluster), ``--no-health``, ``--cleanup``,
-    ``--log-level``, ``--log-format``.
+    ``--cdi-dir``, ``--kubeconfig`` (default: in-cluster), ``--no-health``, ``--evict-on``,
+    ``--metrics-address``, ``--cleanup``, ``--log-level``, ``--log-format``.
     """
     parser = argparse.ArgumentParser(
         description=description or "Run a Kubernetes DRA driver (kubelet plugin).",
@@ -237,6 +253,20 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--no-health", action="store_true", help="do not serve the device health stream"
     )
     parser.add_argument(
+        "--evict-on",
+        action="append",
+        default=[],
+        metavar="FAULT",
+        help="taint devices with this fault NoExecute, so pods using them are evicted "
+        "(xid, xid=79, gpu-lost, health-check, unhealthy, all; repeat or comma-separate)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz over HTTP here",
+    )
+    parser.add_argument(
         "--cleanup",
         action="store_true",
         help="remove this driver's ResourceSlices on this node and its CDI specs, then exit",
@@ -254,6 +284,8 @@ def options_from_args(args: argparse.Namespace) -> DriverOptions:
         cdi_dir=args.cdi_dir,
         kubeconfig=args.kubeconfig,
         health=not args.no_health,
+        evict_on=tuple(getattr(args, "evict_on", None) or ()),
+        metrics_address=getattr(args, "metrics_address", None),
     )
 
 

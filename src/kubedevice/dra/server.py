@@ -8,7 +8,9 @@ DRA socket only after that). inotify on both
 directories puts a socket back within milliseconds when it is removed; the kubelet's
 re-registration (after its restart) republishes the slices. On stop the registration
 socket goes first, then the DRA socket; slices stay (a restarted driver adopts them; the
-kubelet removes them when the driver stays away).
+kubelet removes them when the driver stays away). Devices that are not healthy are tainted
+by why (:mod:`kubedevice.dra.taints`); with ``metrics_address`` set, ``/metrics``,
+``/healthz`` and ``/readyz`` are served (:mod:`kubedevice.dra.metrics`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from kubedevice.dra.service import ClaimService, V1beta1Servicer, V1Servicer
 from kubedevice.dra.settings import Settings
 from kubedevice.dra.slices import SlicePublisher
 from kubedevice.dra.sockets import UnixGrpcServer
+from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import Device, Health
 from kubedevice.errors import KubeDeviceError
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
@@ -77,6 +80,8 @@ class DriverServer:
         )
         self._dra = UnixGrpcServer(settings.dra_socket, self._add_dra_services)
         self._reg = UnixGrpcServer(settings.registration_socket, self._add_registration)
+        self.metrics: Any = None  # a DraMetrics with settings.metrics_address
+        self.endpoint: Any = None  # its StatusEndpoint
 
     @property
     def devices(self) -> Mapping[str, Device]:
@@ -122,8 +127,11 @@ class DriverServer:
             devices=lambda: self._devices,
         )
         await self.claims.restore()
+        if s.metrics_address is not None:
+            await self._serve_status(s.metrics_address)
         if s.publish:
-            self.publisher = SlicePublisher(self._kube, s.driver_name, s.node_name)
+            taints = TaintPolicy(s.driver_name, s.evict_on)
+            self.publisher = SlicePublisher(self._kube, s.driver_name, s.node_name, taints)
             self._spawn(self.publisher.run(), "publish ResourceSlices")
         self._spawn(self._consume(), "device list")
         first: asyncio.Future[Any] = asyncio.ensure_future(self._first.wait())
@@ -163,6 +171,9 @@ class DriverServer:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+        if self.endpoint is not None:
+            await self.endpoint.stop()
+            self.endpoint = None
         if self._own_kube and self._kube is not None:
             self._kube.close()
             self._kube = None
@@ -234,12 +245,49 @@ class DriverServer:
                 except KubeDeviceError as exc:
                     log.error("%s", exc)  # the directory may be gone: the watcher says when
 
+    # ---- metrics and probes ----------------------------------------------------------
+
+    async def _serve_status(self, address: str) -> None:
+        from kubedevice.dra.metrics import DraMetrics, StatusEndpoint
+
+        self.metrics = DraMetrics(self)
+        self.endpoint = StatusEndpoint(address, self.metrics, self._live, self._ready)
+        try:
+            await self.endpoint.start()
+        except OSError as exc:
+            self.endpoint = None
+            raise KubeDeviceError(f"cannot serve metrics on {address}: {exc}") from None
+
+    def _live(self) -> str | None:
+        """``None`` while the DRA socket is served and no job failed; else why not."""
+        if self._failed is not None and self._failed.done():
+            return f"failed: {self._failed.result()}"
+        if not self._dra.serving:
+            return f"the DRA socket {self._dra.path} is not served"
+        return None
+
+    def _ready(self) -> str | None:
+        """``None`` once the kubelet registered the driver; else why not."""
+        live = self._live()
+        if live is not None:
+            return live
+        if not self.registration.registered.is_set():
+            error = self.registration.last_error
+            return f"not registered with the kubelet{': ' + error if error else ''}"
+        return None
+
     # ---- gRPC services ---------------------------------------------------------------
 
     def _add_dra_services(self, server: grpc.aio.Server) -> None:
         assert self.claims is not None
-        v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.claims), server)
-        v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(self.claims), server)
+        v1: Any = V1Servicer(self.claims)
+        v1beta1: Any = V1beta1Servicer(self.claims)
+        if self.metrics is not None:
+            from kubedevice.dra.metrics import MeteredServicer
+
+            v1, v1beta1 = MeteredServicer(v1, self.metrics), MeteredServicer(v1beta1, self.metrics)
+        v1_grpc.add_DRAPluginServicer_to_server(v1, server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(v1beta1, server)
         if self.settings.health:
             health_grpc.add_DRAResourceHealthServicer_to_server(self.health, server)
 

@@ -28,6 +28,10 @@ class Settings:
     kubeconfig: Path | None
     publish: bool
     health: bool
+    #: Faults whose taint is ``NoExecute`` (:mod:`kubedevice.dra.taints`).
+    evict_on: frozenset[str] = frozenset()
+    #: ``HOST:PORT`` for ``/metrics``, ``/healthz`` and ``/readyz`` (``None``: not served).
+    metrics_address: str | None = None
 
     @property
     def plugin_dir(self) -> Path:

@@ -6,9 +6,10 @@ and slice count, and an owner reference to the Node (so the slices go with it).
 :meth:`SlicePublisher.reconcile` lists this driver's slices on this node (field selectors),
 adopts them, updates them when the devices differ (the generation grows by one on every
 change), creates what is missing and deletes what is stale. A device that is not healthy
-is published with a ``NoSchedule`` taint ``<driver>/unhealthy`` (the scheduler allocates it
-to no new claim unless one tolerates the taint; it stays visible, and allocated claims keep
-it); where the API server drops device taints (its ``DRADeviceTaints`` feature gate off),
+is published with a taint keyed by why (:mod:`kubedevice.dra.taints`: ``NoSchedule``, the
+scheduler allocates it to no new claim unless one tolerates the taint; it stays visible,
+and allocated claims keep it, unless the fault is one to evict on: ``NoExecute``);
+where the API server drops device taints (its ``DRADeviceTaints`` feature gate off),
 such devices are left out of the slices instead, with one warning. A conflict re-lists and
 tries again; other API errors are retried with backoff by :meth:`SlicePublisher.run` and
 logged, never fatal.
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import Device, Health, Version
 from kubedevice.errors import KubeApiError
 from kubedevice.plugin.registration import Backoff
@@ -57,15 +59,15 @@ SETTLE_S: Final = 2.0
 SETTLE_FOR_S: Final = 30.0
 
 
-def device_object(device: Device, taint_key: str | None = None) -> dict[str, Any]:
-    """``device`` as a ResourceSlice device (JSON); tainted with ``taint_key`` if not healthy."""
+def device_object(device: Device, taints: TaintPolicy | None = None) -> dict[str, Any]:
+    """``device`` as a ResourceSlice device (JSON); with ``taints``' taints if not healthy."""
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
         out["attributes"] = {key: _attribute(v) for key, v in device.attributes.items()}
     if device.capacity:
         out["capacity"] = {key: {"value": str(v)} for key, v in device.capacity.items()}
-    if taint_key is not None and device.health != Health.HEALTHY:
-        out["taints"] = [{"key": taint_key, "value": str(device.health), "effect": "NoSchedule"}]
+    if taints is not None and device.health != Health.HEALTHY:
+        out["taints"] = taints.taints(device)
     return out
 
 
@@ -88,7 +90,7 @@ def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def unhealthy_taint_key(driver: str) -> str:
-    """The key of the taint on this driver's devices that are not healthy."""
+    """The key of the taint on this driver's devices that are not healthy and give no fault."""
     return f"{driver}/unhealthy"
 
 
@@ -151,10 +153,13 @@ def slice_name(driver: str, node: str, index: int) -> str:
 class SlicePublisher:
     """Keeps this node's ResourceSlices of one driver equal to its devices."""
 
-    def __init__(self, kube: KubeClient, driver: str, node: str) -> None:
+    def __init__(
+        self, kube: KubeClient, driver: str, node: str, taints: TaintPolicy | None = None
+    ) -> None:
         self.kube = kube
         self.driver = driver
         self.node = node
+        self.taints = taints or TaintPolicy(driver)
         #: Unhealthy devices are published tainted until the API server is seen dropping
         #: the taints; then they are left out.
         self.taints_supported = True
@@ -239,8 +244,7 @@ class SlicePublisher:
             for s in await asyncio.to_thread(self.kube.list_slices, self.driver, self.node)
         }
         if self.taints_supported:
-            key = unhealthy_taint_key(self.driver)
-            published = [device_object(d, key) for d in devices]
+            published = [device_object(d, self.taints) for d in devices]
         else:
             published = [device_object(d) for d in devices if d.health == Health.HEALTHY]
         chunks = _chunks(published)
@@ -281,8 +285,7 @@ class SlicePublisher:
             return
         tainted = sum(1 for d in published if d.get("taints"))
         log.info(
-            "published %d devices (%d tainted unhealthy) in %d ResourceSlices (pool %s, "
-            "generation %d)",
+            "published %d devices (%d tainted) in %d ResourceSlices (pool %s, generation %d)",
             len(published),
             tainted,
             len(wanted),

@@ -26,6 +26,7 @@ __all__ = [
     "ContainerEdits",
     "Device",
     "DeviceNode",
+    "Fault",
     "Health",
     "Mount",
     "OpaqueConfig",
@@ -57,6 +58,10 @@ _SEMVER: Final = re.compile(
 # A Kubernetes resource.Quantity in its canonical string forms.
 _QUANTITY: Final = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
 _MAX_STRING_ATTRIBUTE: Final = 64  # resource.k8s.io/v1: a string or version attribute value
+# A label name's name part and a label value (a device taint's key after "<driver>/", its value).
+_LABEL_PART: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
+#: The kubelet keeps at most this many characters of a health message.
+MAX_FAULT_MESSAGE: Final = 1024
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
@@ -167,6 +172,41 @@ class ContainerEdits:
 
 
 @dataclass(frozen=True, slots=True)
+class Fault:
+    """Why a device is not healthy: its taint in the ResourceSlices and its message.
+
+    The device is published with the taint ``<driver>/<kind>`` (value ``value``), and the
+    kubelet shows ``message`` in the pods' ``allocatedResourcesStatus``. ``--evict-on``
+    names kinds (``xid``) or kinds with a value (``xid=79``) whose taint is ``NoExecute``.
+
+    Args:
+        kind: What went wrong, as a taint key's name part (``xid``, ``gpu-lost``,
+            ``health-check``): letters, digits, ``-``, ``_``, ``.``; at most 63.
+        value: Which one (``79``), a label value (same characters, at most 63), or empty.
+        message: For people: ``XID 79: GPU has fallen off the bus`` (at most 1024
+            characters are kept).
+    """
+
+    kind: str
+    value: str = ""
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not _LABEL_PART.match(self.kind):
+            raise ConfigError(
+                f"fault kind {self.kind!r} is not a label name (letters, digits, '-', '_', "
+                "'.'; at most 63; starting and ending with a letter or digit)"
+            )
+        if not isinstance(self.value, str) or (self.value and not _LABEL_PART.match(self.value)):
+            raise ConfigError(f"fault value {self.value!r} is not a label value")
+        if len(self.message) > MAX_FAULT_MESSAGE:
+            object.__setattr__(self, "message", self.message[: MAX_FAULT_MESSAGE - 3] + "...")
+
+    def __str__(self) -> str:
+        return self.message or (f"{self.kind} {self.value}" if self.value else self.kind)
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One device of the driver, as published in the node's ResourceSlices.
 
@@ -177,10 +217,14 @@ class Device:
             (``resource.kubernetes.io/pciBusID``) keeps its domain.
         capacity: Capacities as quantities (``{"memory": "80Gi"}``).
         health: A device that is not healthy is published with a ``NoSchedule`` taint
-            ``<driver>/unhealthy`` (no new allocation unless tolerated), or left out where
-            the API server drops device taints, and reported on the health stream.
+            (no new allocation unless tolerated; ``NoExecute`` for the faults the driver
+            evicts on), or left out where the API server drops device taints, and reported
+            on the health stream.
         edits: What a container using the device gets, unless the driver's ``prepare``
             hook says otherwise (the default hook uses these).
+        fault: Why it is not healthy: the taint's key and value and the message users
+            see. ``None``: the taint ``<driver>/unhealthy`` with the health as its value.
+            Only for a device that is not healthy.
     """
 
     name: str
@@ -188,6 +232,7 @@ class Device:
     capacity: Mapping[str, Quantity | int | str] = field(default_factory=_empty)
     health: Health = Health.HEALTHY
     edits: ContainerEdits = field(default_factory=ContainerEdits)
+    fault: Fault | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _DNS_LABEL.match(self.name):
@@ -229,6 +274,11 @@ class Device:
         object.__setattr__(self, "attributes", MappingProxyType(attributes))
         object.__setattr__(self, "capacity", MappingProxyType(capacity))
         object.__setattr__(self, "health", Health(self.health))
+        if self.fault is not None:
+            if not isinstance(self.fault, Fault):
+                raise ConfigError(f"device {self.name}: fault must be a Fault")
+            if self.health == Health.HEALTHY:
+                raise ConfigError(f"device {self.name}: a Healthy device has no fault")
 
 
 def _check_qualified_name(device: str, what: str, key: str) -> None:

@@ -118,6 +118,21 @@ def _env_names(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+_FAULT = re.compile(
+    r"^all$|^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9](=([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+)
+
+
+def _faults(value: list[str]) -> list[str]:
+    for entry in value:
+        if not _FAULT.match(entry):
+            raise ValueError(
+                f"{describe_input(entry)} is not a fault: health-check, "
+                "health-check=<group>, unhealthy or all"
+            )
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class PathSpec(Model):
     """A glob of device nodes under ``/dev`` (read under ``devRoot``)."""
@@ -248,6 +263,9 @@ class Config(Model):
     sys_root: AbsPath = "/sys"
     keep_unhealthy_seconds: Annotated[float, Ge(0)] = 3600.0
     resources: Annotated[list[ResourceSpec], MinLen(1)]
+    #: The DRA driver: faults whose device taint is NoExecute (``health-check``,
+    #: ``health-check=<group>``, ``all``), so the pods using the device are evicted.
+    evict_on: Annotated[list[str], Check(_faults)] = field(default_factory=list)
 
     def check(self) -> None:
         seen: set[str] = set()

@@ -151,6 +151,20 @@ def _xids(value: dict[int, str]) -> dict[int, str]:
     return value
 
 
+_FAULT: Final = re.compile(
+    r"^all$|^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9](=([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+)
+
+
+def _faults(value: list[str]) -> list[str]:
+    for entry in value:
+        if not _FAULT.match(entry):
+            raise ValueError(
+                f"{describe_input(entry)} is not a fault: xid, xid=79, gpu-lost, unhealthy or all"
+            )
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class HealthConfig(Model):
     """What NVML health events do to a GPU (see docs/nvidia.md, "Health")."""
@@ -170,6 +184,9 @@ class HealthConfig(Model):
     quiet_period: Annotated[Duration, Ge(MIN_HEALTH_INTERVAL), Le(86400.0)] = 30.0
     #: How often a GPU waiting for a reset is probed for having come back.
     reset_check_interval: Annotated[Duration, Ge(MIN_HEALTH_INTERVAL), Le(86400.0)] = 30.0
+    #: The DRA driver: faults whose device taint is NoExecute (``xid``, ``xid=79``,
+    #: ``gpu-lost``, ``ecc``, ``all``), so the pods using the GPU are evicted.
+    evict_on: Annotated[list[str], Check(_faults)] = field(default_factory=list)
 
     def policy_for_xid(self, xid: int) -> XidPolicy:
         """The policy of one XID code (an explicit policy wins over the ignored list)."""

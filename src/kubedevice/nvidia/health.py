@@ -63,6 +63,8 @@ class _Bad:
     reason: str
     next_check: float
     seen_down: bool = False
+    kind: str = "unhealthy"  # what the reason is, for a DRA taint: xid, ecc, gpu-lost, ...
+    code: str = ""  # which one (the XID number), or empty
 
 
 class HealthState:
@@ -87,6 +89,19 @@ class HealthState:
                 out[uuid] = self._bad[parent].reason
         return out
 
+    def faults(self) -> dict[str, tuple[str, str, str]]:
+        """UUID -> (kind, code, reason) for every UUID marked Unhealthy (as :meth:`unhealthy`).
+
+        Kinds: ``xid`` (code: the XID number), ``ecc`` (double-bit ECC), ``gpu-lost``,
+        ``nvml-error``.
+        """
+        out = {uuid: (bad.kind, bad.code, bad.reason) for uuid, bad in self._bad.items()}
+        for uuid, parent in self.parents.items():
+            if uuid not in out and parent in self._bad:
+                bad = self._bad[parent]
+                out[uuid] = (bad.kind, bad.code, bad.reason)
+        return out
+
     def healthy(self, uuid: str) -> bool:
         """Whether a GPU or MIG device is Healthy (its GPU too, for a MIG device)."""
         return uuid not in self._bad and self.parents.get(uuid, uuid) not in self._bad
@@ -98,17 +113,19 @@ class HealthState:
             if self._quiet.first(uuid, "unknown device"):  # once per device, not per event
                 log.warning("health event for an unknown device %s ignored: %s", uuid, event)
             return False
+        code = ""
         if event.kind is EventKind.XID:
             if event.xid is None:  # an NVML failure reported for this GPU
-                policy, reason = self.config.default_policy, "NVML error"
+                policy, reason, kind = self.config.default_policy, "NVML error", "nvml-error"
             else:
                 policy, reason = self.config.policy_for_xid(event.xid), f"XID {event.xid}"
+                kind, code = "xid", str(event.xid)
         elif event.kind is EventKind.ECC_DOUBLE_BIT:
             policy = self.config.double_bit_ecc_policy
-            reason = "double-bit ECC error"
+            reason, kind = "double-bit ECC error", "ecc"
         else:
             policy = "reset"
-            reason = "GPU lost (fell off the bus)"
+            reason, kind = "GPU lost (fell off the bus)", "gpu-lost"
         if policy == "ignore":
             if self._quiet.first(uuid, reason):
                 log.info("%s on %s ignored by policy", reason, uuid)
@@ -124,16 +141,20 @@ class HealthState:
             self.config.reset_check_interval if strongest == "reset" else self.config.quiet_period
         )
         if bad is not None and bad.policy == strongest:  # no state change: counted, not logged
-            bad.reason = reason if policy == strongest else bad.reason
+            if policy == strongest:
+                bad.reason, bad.kind, bad.code = reason, kind, code
             bad.next_check = max(now + wait, bad.next_check)
             bad.seen_down = bad.seen_down or event.kind is EventKind.GPU_LOST
             self._quiet.count(uuid, reason, now)
             return False
+        new = bad is None or policy == strongest
         self._bad[uuid] = _Bad(
             policy=strongest,
-            reason=reason if bad is None or policy == strongest else bad.reason,
+            reason=reason if new or bad is None else bad.reason,
             next_check=now + wait,
             seen_down=(bad is not None and bad.seen_down) or event.kind is EventKind.GPU_LOST,
+            kind=kind if new or bad is None else bad.kind,
+            code=code if new or bad is None else bad.code,
         )
         log.warning(
             "%s on %s: Unhealthy until %s",

@@ -17,7 +17,8 @@ every change yields a new device list, which the kit publishes.
 
 Health: a group's ``health`` checks (sysfs attribute or command, every ``periodSeconds``)
 run as for the device plugin; a device whose check fails, or cannot run, is published
-``Unhealthy`` (the kit taints it: no new claim gets it) until a check passes again. The
+``Unhealthy`` (the kit taints it ``<driver>/health-check=<group>``: no new claim gets it;
+the failing check is the message in the pods' status) until a check passes again. The
 first round runs before the first list, so a device is not published healthy unchecked.
 """
 
@@ -34,7 +35,7 @@ import stat
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import ClassVar, Final
 
-from kubedevice.dra import ContainerEdits, Device, DeviceNode, Driver, Health, Mount
+from kubedevice.dra import ContainerEdits, Device, DeviceNode, Driver, Fault, Health, Mount
 from kubedevice.dra.types import AttributeValue
 from kubedevice.generic.config import Config, GroupSpec, ResourceSpec, group_name
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
@@ -64,6 +65,7 @@ DEFAULT_DRIVER_NAME: Final = "dev.kubedevice.io"
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
 _MAX_NAME: Final = 63
 _MAX_STRING: Final = 64
+_LABEL_VALUE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
 _MAX_PARALLEL_CHECKS: Final = 16
 
 #: Health-check results by (resource name, physical device ID).
@@ -152,9 +154,12 @@ def _devices_of(
 ) -> list[Device]:
     group = res.groups[phys.group]
     health = Health.HEALTHY
+    fault: Fault | None = None
     if checks is not None and group.health is not None:
         result = checks.get((res.name, phys.id))
         health = Health.HEALTHY if result is not None and result.healthy else Health.UNHEALTHY
+        if health == Health.UNHEALTHY:
+            fault = _fault(group, phys.group, result)
     attrs: dict[str, AttributeValue] = {
         "resource": resource_attribute(res.name),
         "group": group_name(group, phys.group),
@@ -178,8 +183,21 @@ def _devices_of(
             continue
         taken.add(name)
         more: dict[str, AttributeValue] = {"replica": replica} if group.count > 1 else {}
-        out.append(Device(name=name, attributes={**attrs, **more}, health=health, edits=edits))
+        out.append(
+            Device(name=name, attributes={**attrs, **more}, health=health, edits=edits, fault=fault)
+        )
     return out
+
+
+def _fault(group: GroupSpec, index: int, result: CheckResult | None) -> Fault:
+    """Why a device of ``group`` is not healthy: the taint ``<driver>/health-check=<group>``
+    and the failing check in the message."""
+    name = group_name(group, index)
+    assert group.health is not None
+    check = "sysfsAttribute" if group.health.sysfs_attribute is not None else "command"
+    why = result.reason if result is not None else "not checked yet"
+    value = name if _LABEL_VALUE.match(name) else ""
+    return Fault("health-check", value, f"health check ({check}) of group {name} failed: {why}")
 
 
 def build_devices(

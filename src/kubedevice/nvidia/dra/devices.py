@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from kubedevice.dra import ContainerEdits, Device, DeviceNode, Health, Version
+from kubedevice.dra import ContainerEdits, Device, DeviceNode, Fault, Health, Version
 from kubedevice.dra.types import AttributeValue
 from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo
 from kubedevice.nvidia.config import Config
@@ -161,12 +161,12 @@ class GpuDevice:
     gpu: GpuInfo
     mig: MigDeviceInfo | None = None
 
-    def with_health(self, health: Health) -> Device:
-        """The device as published with ``health``."""
+    def with_health(self, health: Health, fault: Fault | None = None) -> Device:
+        """The device as published with ``health`` (and why, when not healthy)."""
         d = self.device
-        if d.health == health:
+        if d.health == health and d.fault == fault:
             return d
-        return Device(d.name, d.attributes, d.capacity, health, d.edits)
+        return Device(d.name, d.attributes, d.capacity, health, d.edits, fault)
 
 
 def _label(text: str) -> str:

@@ -3,9 +3,10 @@
 :class:`GpuDraDriver` starts NVML, publishes every GPU (or MIG device, by ``migStrategy``)
 with NVIDIA's attribute names (:mod:`kubedevice.nvidia.dra.devices`), runs the same XID
 health policies as the device plugin (:class:`~kubedevice.nvidia.health.HealthMonitor`):
-an Unhealthy or lost GPU is tainted in the ResourceSlices (no new allocation; see
-:mod:`kubedevice.dra.slices`) and reported on the kubelet's health stream, and is untainted
-when the policy says it has recovered.
+an Unhealthy or lost GPU is tainted in the ResourceSlices by why (``<driver>/xid=79``,
+``<driver>/gpu-lost``: no new allocation, or eviction for the faults in ``evictOn``; see
+:mod:`kubedevice.nvidia.dra.faults`) and reported with that reason on the kubelet's health
+stream, and is untainted when the policy says it has recovered.
 
 Prepare: each allocated device's opaque ``GpuConfig`` / ``MigDeviceConfig``
 (:mod:`kubedevice.nvidia.dra.config`) is validated first, for every device of the claim,
@@ -49,6 +50,7 @@ from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import CONTROL_NODES, read_numa_node
 from kubedevice.nvidia.dra.config import TIME_SLICE_LEVELS, effective_config
 from kubedevice.nvidia.dra.devices import GpuDevice, build_devices
+from kubedevice.nvidia.dra.faults import fault_of
 from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.runner import Hardware, enumerate_hardware
 from kubedevice.nvidia.topology import build_topology
@@ -135,9 +137,13 @@ class GpuDraDriver(Driver):
 
     def _snapshot(self) -> list[Device]:
         out = []
+        faults = self.health.faults() if self.health is not None else {}
         for gd in self._by_name.values():
-            healthy = self.health is None or self.health.healthy(gd.unit.uuid)
-            out.append(gd.with_health(Health.HEALTHY if healthy else Health.UNHEALTHY))
+            fault = faults.get(gd.unit.uuid)
+            if fault is None:
+                out.append(gd.with_health(Health.HEALTHY))
+            else:
+                out.append(gd.with_health(Health.UNHEALTHY, fault_of(*fault)))
         return out
 
     async def devices(self) -> AsyncIterator[Sequence[Device]]:

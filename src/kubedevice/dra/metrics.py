@@ -1,0 +1,269 @@
+"""A DRA driver's HTTP endpoint: Prometheus ``/metrics``, ``/healthz`` and ``/readyz``.
+
+Served on ``--metrics-address`` (``HOST:PORT``) by the driver's own event loop, so an
+answer also says the loop is not stuck. ``prometheus_client`` is imported only when a
+driver serves it; the metrics live in a registry of their own.
+
+- ``/healthz``: 200 while the DRA socket is served and no background job has failed
+  (the liveness probe); 503 otherwise, with the reason.
+- ``/readyz``: 200 once the kubelet has registered the driver (the readiness probe).
+- ``/metrics``: ``kubedevice_dra_requests_total`` (labels ``operation``: prepare or
+  unprepare, ``result``: ok or error; one per claim), ``kubedevice_dra_request_seconds``
+  (histogram per kubelet call), ``kubedevice_dra_requests_in_flight`` (claims),
+  ``kubedevice_dra_errors_total`` (``operation``, ``kind``: ``claim``, an error answered
+  for one claim; ``rpc``, a call that failed as a whole), ``kubedevice_dra_prepared_claims``,
+  ``kubedevice_dra_prepared_devices``, ``kubedevice_dra_devices`` (``health``),
+  ``kubedevice_dra_slice_writes_total``, ``kubedevice_dra_registrations_total`` and
+  ``kubedevice_dra_health_streams``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from kubedevice.dra.server import DriverServer
+
+__all__ = ["DraMetrics", "MeteredServicer", "StatusEndpoint"]
+
+log = logging.getLogger(__name__)
+
+_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_MAX_REQUEST: Final = 8192  # bytes of request line and headers read
+
+
+class _ClaimsAnswer(Protocol):
+    @property
+    def claims(self) -> Any: ...
+
+
+class DraMetrics:
+    """The request metrics (counted by :class:`MeteredServicer`) and, read when scraped, the
+    server's state.
+
+    Args:
+        server: The driver's server (its checkpoint, devices, publisher, registration).
+        registry: Where to register; a fresh ``CollectorRegistry`` when ``None``.
+    """
+
+    def __init__(self, server: DriverServer, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.server = server
+        self.registry: CollectorRegistry = registry or CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.requests = Counter(
+            "kubedevice_dra_requests",
+            "Claims the kubelet asked to prepare or unprepare, by result.",
+            ["operation", "result"],
+            registry=reg,
+        )
+        self.seconds = Histogram(
+            "kubedevice_dra_request_seconds",
+            "Time to answer one NodePrepareResources or NodeUnprepareResources call.",
+            ["operation"],
+            buckets=_BUCKETS,
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "kubedevice_dra_requests_in_flight",
+            "Claims being prepared or unprepared now.",
+            ["operation"],
+            registry=reg,
+        )
+        self.errors = Counter(
+            "kubedevice_dra_errors",
+            "Failures: kind claim (one claim's error answer) or rpc (the whole call failed).",
+            ["operation", "kind"],
+            registry=reg,
+        )
+        for op in ("prepare", "unprepare"):  # every series exists from the start
+            for result in ("ok", "error"):
+                self.requests.labels(op, result)
+            for kind in ("claim", "rpc"):
+                self.errors.labels(op, kind)
+            self.seconds.labels(op)
+            self.in_flight.labels(op)
+        reg.register(_StateCollector(server))
+
+    async def measure(
+        self, operation: str, claims: int, call: Awaitable[_ClaimsAnswer]
+    ) -> _ClaimsAnswer:
+        """Await ``call`` (one kubelet call about ``claims`` claims), counting its answer."""
+        gauge = self.in_flight.labels(operation)
+        gauge.inc(claims)
+        start = time.perf_counter()
+        try:
+            answer = await call
+        except BaseException:
+            self.errors.labels(operation, "rpc").inc()
+            self.requests.labels(operation, "error").inc(claims)
+            raise
+        finally:
+            gauge.dec(claims)
+            self.seconds.labels(operation).observe(time.perf_counter() - start)
+        failed = sum(1 for result in answer.claims.values() if result.error)
+        self.requests.labels(operation, "ok").inc(len(answer.claims) - failed)
+        if failed:
+            self.requests.labels(operation, "error").inc(failed)
+            self.errors.labels(operation, "claim").inc(failed)
+        return answer
+
+
+class _StateCollector:
+    """What the server knows, read at each scrape."""
+
+    def __init__(self, server: DriverServer) -> None:
+        self.server = server
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.server
+        claims = list(s.checkpoint.claims.values())
+        yield GaugeMetricFamily(
+            "kubedevice_dra_prepared_claims", "Claims prepared on this node.", len(claims)
+        )
+        yield GaugeMetricFamily(
+            "kubedevice_dra_prepared_devices",
+            "Devices of the claims prepared on this node.",
+            sum(len(c.devices) for c in claims),
+        )
+        devices = GaugeMetricFamily(
+            "kubedevice_dra_devices", "The driver's devices, by health.", labels=["health"]
+        )
+        by_health: dict[str, int] = {"Healthy": 0, "Unhealthy": 0, "Unknown": 0}
+        for device in s.devices.values():
+            by_health[str(device.health)] += 1
+        for health, count in by_health.items():
+            devices.add_metric([health], count)
+        yield devices
+        writes = s.publisher.writes if s.publisher is not None else 0
+        yield CounterMetricFamily(
+            "kubedevice_dra_slice_writes", "ResourceSlices created, replaced or deleted.", writes
+        )
+        yield CounterMetricFamily(
+            "kubedevice_dra_registrations",
+            "Times the kubelet registered the driver.",
+            s.registration.registrations,
+        )
+        yield GaugeMetricFamily(
+            "kubedevice_dra_health_streams", "Open health streams.", s.health.streams
+        )
+
+
+class MeteredServicer:
+    """A DRA servicer (``v1`` or ``v1beta1``) whose calls :class:`DraMetrics` counts."""
+
+    def __init__(self, inner: Any, metrics: DraMetrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        call = self._inner.NodePrepareResources(request, context)
+        return await self._metrics.measure("prepare", len(request.claims), call)
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        call = self._inner.NodeUnprepareResources(request, context)
+        return await self._metrics.measure("unprepare", len(request.claims), call)
+
+
+class StatusEndpoint:
+    """The HTTP server of ``/metrics``, ``/healthz`` and ``/readyz`` on the event loop.
+
+    Args:
+        address: ``HOST:PORT`` (``:PORT`` is every address; port 0 picks a free one).
+        metrics: The metrics to expose.
+        live: ``None`` when live, else why not.
+        ready: ``None`` when ready, else why not.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        metrics: DraMetrics,
+        live: Callable[[], str | None],
+        ready: Callable[[], str | None],
+    ) -> None:
+        from kubedevice.plugin.metrics import parse_metrics_address
+
+        self.host, self.port = parse_metrics_address(address)
+        self.metrics = metrics
+        self._live = live
+        self._ready = ready
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen (``port`` is then the bound port).
+
+        Raises:
+            OSError: The address cannot be listened on.
+        """
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("serving /metrics, /healthz and /readyz on %s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop listening and close the connections."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+            method, path = _request_line(head)
+            status, ctype, body = self._answer(method, path)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            status, ctype, body = 400, "text/plain", b"bad request\n"
+        except ValueError as exc:
+            status, ctype, body = 400, "text/plain", f"{exc}\n".encode()
+        except ConnectionError:
+            writer.close()
+            return
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+        header = (
+            f"HTTP/1.1 {status} {reason.get(status, 'Service Unavailable')}\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        with contextlib.suppress(ConnectionError):
+            writer.write(header.encode() + (body if method != "HEAD" else b""))
+            await writer.drain()
+        writer.close()
+
+    def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain", b"only GET\n"
+        path = path.split("?", 1)[0]
+        if path == "/metrics":
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+        if path in ("/healthz", "/livez", "/readyz"):
+            why = self._ready() if path == "/readyz" else self._live()
+            if why is None:
+                return 200, "text/plain", b"ok\n"
+            return 503, "text/plain", f"{why}\n".encode()
+        return 404, "text/plain", b"not found: /metrics, /healthz, /readyz\n"
+
+
+def _request_line(head: bytes) -> tuple[str, str]:
+    if len(head) > _MAX_REQUEST:
+        raise ValueError("request too long")
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise ValueError("not an HTTP request line")
+    return parts[0], parts[1]
