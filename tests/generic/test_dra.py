@@ -199,3 +199,26 @@ async def test_health_checks_mark_devices_unhealthy_and_back(tmp_path: Path) -> 
         assert listed[r130] == "Unhealthy"
     finally:
         await gen.aclose()
+
+
+async def test_an_unhealthy_device_says_which_check_of_which_group_failed(
+    tmp_path: Path,
+) -> None:
+    host = FakeHost(tmp_path)
+    host.add_char_device("/dev/dri/renderD129")
+    host.set_attr("/sys/class/drm/renderD129/device/enable", "0")
+    config = parse_config(HEALTH_CONFIG).with_roots(str(host.dev_root), str(host.sys_root))
+    gen = GenericDraDriver(config).devices()
+    try:
+        [device] = [d for d in await asyncio.wait_for(anext(gen), 10) if d.name.startswith("r")]
+        assert device.fault is not None
+        assert (device.fault.kind, device.fault.value) == ("health-check", "group0")
+        assert device.fault.message.startswith(
+            "health check (sysfsAttribute) of group group0 failed: "
+        )
+        assert "enable" in device.fault.message  # the check's own reason: which attribute
+        host.set_attr("/sys/class/drm/renderD129/device/enable", "1")
+        [again] = [d for d in await asyncio.wait_for(anext(gen), 10) if d.name.startswith("r")]
+        assert (str(again.health), again.fault) == ("Healthy", None)
+    finally:
+        await gen.aclose()

@@ -81,6 +81,9 @@ async def test_a_lost_gpu_turns_unhealthy_and_back(gpu_host: Any) -> None:
         }
         second = await _next(gen)
         assert second["gpu-1"].health == Health.UNHEALTHY
+        assert second["gpu-1"].fault is not None
+        assert (second["gpu-1"].fault.kind, second["gpu-1"].fault.value) == ("gpu-lost", "")
+        assert second["gpu-1"].fault.message.startswith("GPU lost")
         assert second["gpu-0"].health == Health.HEALTHY
         with pytest.raises(ClaimError, match=r"gpu-1 .*unhealthy: GPU lost"):
             await driver.prepare(_claim(driver, ["gpu-1"]))
@@ -102,6 +105,10 @@ async def test_an_xid_follows_the_health_policy(gpu_host: Any) -> None:
         host.nvml.inject(HealthEvent(EventKind.XID, uuid, xid=79))
         devices = await _next(gen)
         assert [n for n, d in devices.items() if d.health != Health.HEALTHY] == ["gpu-3"]
+        fault = devices["gpu-3"].fault
+        assert fault is not None
+        assert (fault.kind, fault.value) == ("xid", "79")  # the taint gpu.kubedevice.io/xid=79
+        assert fault.message == "XID 79: GPU has fallen off the bus"
     finally:
         await gen.aclose()
 
