@@ -154,6 +154,7 @@ class GpuDra(DraDriver):
         name: str = "gpu-dra",
         kubeconfig: Path | None = None,
         kubelet: Kubelet | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         root = Path(tempfile.mkdtemp(prefix="kddg-", dir="/tmp"))
         self.nvml = FakeNvml.from_file(machine)
@@ -166,7 +167,7 @@ class GpuDra(DraDriver):
             name,
             driver,
             ["nvidia", "dra", "--config", str(root / "gpu.yaml"), "--nvml", f"fake:{machine}",
-             "--dev-root", str(root / "dev"), "--sys-root", str(root / "sys")],
+             "--dev-root", str(root / "dev"), "--sys-root", str(root / "sys"), *extra],
             root,
             {"KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock")},
             kubeconfig,
@@ -194,6 +195,7 @@ class GenericDra(DraDriver):
         config: str,
         driver: str = "dev.kubedevice.io",
         name: str = "dev-dra",
+        extra: tuple[str, ...] = (),
     ) -> None:
         root = Path(tempfile.mkdtemp(prefix="kddd-", dir="/tmp"))
         self.host = FakeHost(root / "host")
@@ -203,7 +205,8 @@ class GenericDra(DraDriver):
             name,
             driver,
             ["run", "--dra", "--config", str(root / "config.yaml"),
-             "--dev-root", str(self.host.dev_root), "--sys-root", str(self.host.sys_root)],
+             "--dev-root", str(self.host.dev_root), "--sys-root", str(self.host.sys_root),
+             *extra],
             root,
             None,
         )  # fmt: skip

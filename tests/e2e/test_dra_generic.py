@@ -217,9 +217,9 @@ def test_an_unhealthy_device_is_tainted_and_not_allocated(
     names = wait_slices(cluster, DRIVER, lambda n: bad not in n, f"{bad} tainted")
     assert len(names) == 1
     [taint] = slice_devices(cluster, DRIVER)[bad].taints  # still published, tainted
-    assert (taint.key, taint.value, taint.effect) == (
-        f"{DRIVER}/unhealthy",
-        "Unhealthy",
+    assert (taint.key, taint.value, taint.effect) == (  # keyed by why: group e2e's check
+        f"{DRIVER}/health-check",
+        "e2e",
         "NoSchedule",
     )
     with device_class(

@@ -181,7 +181,7 @@ def test_a_lost_gpu_is_tainted_and_not_allocated(
     names = wait_slices(cluster, DRIVER, lambda n: "gpu-1" not in n, "gpu-1 tainted")
     assert names == {f"gpu-{i}" for i in range(8)} - {"gpu-1"}
     [taint] = slice_devices(cluster, DRIVER)["gpu-1"].taints  # still published, tainted
-    assert (taint.key, taint.value) == (f"{DRIVER}/unhealthy", "Unhealthy")
+    assert (taint.key, taint.value) == (f"{DRIVER}/gpu-lost", None)  # keyed by why
     assert taint.effect == "NoSchedule"
     assert taint.time_added is not None
     with device_class(cluster, IS_GPU) as cls:
