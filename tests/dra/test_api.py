@@ -29,7 +29,9 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "files",
         "health",
         "kube",
+        "metrics",
         "names",
+        "observed",
         "registration",
         "runner",
         "server",
@@ -37,6 +39,8 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "settings",
         "slices",
         "sockets",
+        "status",
+        "taints",
         "types",
     }
     assert public == set(dra.__all__)

@@ -1,4 +1,5 @@
-"""The kit's one door to the Kubernetes API: ResourceClaims, ResourceSlices, the Node.
+"""The kit's one door to the Kubernetes API: ResourceClaims (and their status), ResourceSlices,
+the Node.
 
 Uses the official ``kubernetes`` client (the ``dra`` extra), imported when a driver
 connects, with plain JSON dicts in and out (no generated models: a field newer than the
@@ -92,6 +93,20 @@ class KubeClient:
         name = body["metadata"]["name"]
         return self._call("PUT", f"{_RESOURCE}/resourceslices/{name}", body=body)
 
+    def apply_claim_status(
+        self, namespace: str, name: str, body: dict[str, Any], manager: str
+    ) -> dict[str, Any]:
+        """Server-side apply ``body`` to the ResourceClaim's status as field ``manager``
+        (only that manager's fields change; ``status.devices`` entries of other drivers stay).
+        """
+        return self._call(
+            "PATCH",
+            f"{_RESOURCE}/namespaces/{namespace}/resourceclaims/{name}/status",
+            query=[("fieldManager", manager), ("force", "true")],
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
     def delete_slice(self, name: str, resource_version: str | None = None) -> None:
         """Delete a ResourceSlice (gone already is fine)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
@@ -112,14 +127,16 @@ class KubeClient:
         *,
         query: list[tuple[str, str]] | None = None,
         body: dict[str, Any] | None = None,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
         try:
             request = self._api.param_serialize(
                 method,
                 path,
                 query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                # JSON is YAML: an apply patch goes as JSON text
+                body=body if content_type == "application/json" else json.dumps(body),
                 auth_settings=["BearerToken"],
             )
             response = self._api.call_api(*request, _request_timeout=_TIMEOUT)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from kubedevice.dra.server import DriverServer
 
-__all__ = ["DraMetrics", "MeteredServicer", "StatusEndpoint"]
+__all__ = ["DraMetrics", "StatusEndpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ class _ClaimsAnswer(Protocol):
 
 
 class DraMetrics:
-    """The request metrics (counted by :class:`MeteredServicer`) and, read when scraped, the
-    server's state.
+    """The request metrics (counted by :class:`~kubedevice.dra.observed.ObservedServicer`)
+    and, read when scraped, the server's state.
 
     Args:
         server: The driver's server (its checkpoint, devices, publisher, registration).
@@ -160,22 +160,6 @@ class _StateCollector:
         yield GaugeMetricFamily(
             "kubedevice_dra_health_streams", "Open health streams.", s.health.streams
         )
-
-
-class MeteredServicer:
-    """A DRA servicer (``v1`` or ``v1beta1``) whose calls :class:`DraMetrics` counts."""
-
-    def __init__(self, inner: Any, metrics: DraMetrics) -> None:
-        self._inner = inner
-        self._metrics = metrics
-
-    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        call = self._inner.NodePrepareResources(request, context)
-        return await self._metrics.measure("prepare", len(request.claims), call)
-
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        call = self._inner.NodeUnprepareResources(request, context)
-        return await self._metrics.measure("unprepare", len(request.claims), call)
 
 
 class StatusEndpoint:

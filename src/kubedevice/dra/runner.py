@@ -68,6 +68,8 @@ class DriverOptions:
             ``NoSchedule``. See :mod:`kubedevice.dra.taints`.
         metrics_address: ``HOST:PORT`` to serve ``/metrics`` (Prometheus), ``/healthz``
             and ``/readyz`` on; ``None`` serves none.
+        claim_status: Write ``status.devices`` (Ready, Healthy, data) of the claims it
+            prepared (:mod:`kubedevice.dra.status`).
     """
 
     driver_name: str | None = None
@@ -79,6 +81,7 @@ class DriverOptions:
     health: bool = True
     evict_on: tuple[str, ...] = ()
     metrics_address: str | None = None
+    claim_status: bool = True
 
     def resolved(self, driver: Driver) -> Settings:
         """These options with the driver name and node name filled in and checked.
@@ -113,6 +116,7 @@ class DriverOptions:
             health=self.health,
             evict_on=evict_on,
             metrics_address=self.metrics_address,
+            claim_status=self.claim_status,
         )
 
 

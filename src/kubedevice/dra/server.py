@@ -9,8 +9,9 @@ directories puts a socket back within milliseconds when it is removed; the kubel
 re-registration (after its restart) republishes the slices. On stop the registration
 socket goes first, then the DRA socket; slices stay (a restarted driver adopts them; the
 kubelet removes them when the driver stays away). Devices that are not healthy are tainted
-by why (:mod:`kubedevice.dra.taints`); with ``metrics_address`` set, ``/metrics``,
-``/healthz`` and ``/readyz`` are served (:mod:`kubedevice.dra.metrics`).
+by why (:mod:`kubedevice.dra.taints`); the prepared claims' ``status.devices`` say how
+their devices are (:mod:`kubedevice.dra.status`); with ``metrics_address`` set,
+``/metrics``, ``/healthz`` and ``/readyz`` are served (:mod:`kubedevice.dra.metrics`).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from kubedevice.dra.checkpoint import Checkpoint
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.health import HealthService
 from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.observed import ObservedServicer
 from kubedevice.dra.registration import RegistrationService, supported_versions
 from kubedevice.dra.service import ClaimService, V1beta1Servicer, V1Servicer
 from kubedevice.dra.settings import Settings
 from kubedevice.dra.slices import SlicePublisher
 from kubedevice.dra.sockets import UnixGrpcServer
+from kubedevice.dra.status import ClaimStatusWriter
 from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import Device, Health
 from kubedevice.errors import KubeDeviceError
@@ -82,6 +85,7 @@ class DriverServer:
         self._reg = UnixGrpcServer(settings.registration_socket, self._add_registration)
         self.metrics: Any = None  # a DraMetrics with settings.metrics_address
         self.endpoint: Any = None  # its StatusEndpoint
+        self.status: ClaimStatusWriter | None = None  # with settings.claim_status
 
     @property
     def devices(self) -> Mapping[str, Device]:
@@ -127,6 +131,11 @@ class DriverServer:
             devices=lambda: self._devices,
         )
         await self.claims.restore()
+        if s.claim_status:
+            self.status = ClaimStatusWriter(
+                self._kube, s.driver_name, s.node_name, self.checkpoint, lambda: self._devices
+            )
+            self._spawn(self.status.run(), "write claim status")
         if s.metrics_address is not None:
             await self._serve_status(s.metrics_address)
         if s.publish:
@@ -218,6 +227,8 @@ class DriverServer:
             if self.publisher is not None:
                 self.publisher.update(devices)
             await self.health.update(devices)
+            if self.status is not None:
+                self.status.devices_changed(devices)
             self._first.set()
         log.info("the driver's device list ended; keeping its last devices")
         self._first.set()
@@ -282,10 +293,10 @@ class DriverServer:
         assert self.claims is not None
         v1: Any = V1Servicer(self.claims)
         v1beta1: Any = V1beta1Servicer(self.claims)
-        if self.metrics is not None:
-            from kubedevice.dra.metrics import MeteredServicer
-
-            v1, v1beta1 = MeteredServicer(v1, self.metrics), MeteredServicer(v1beta1, self.metrics)
+        if self.metrics is not None or self.status is not None:
+            prepared = self.status.prepared if self.status is not None else None
+            v1 = ObservedServicer(v1, self.metrics, prepared)
+            v1beta1 = ObservedServicer(v1beta1, self.metrics, prepared)
         v1_grpc.add_DRAPluginServicer_to_server(v1, server)
         v1beta1_grpc.add_DRAPluginServicer_to_server(v1beta1, server)
         if self.settings.health:

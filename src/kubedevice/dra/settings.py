@@ -32,6 +32,8 @@ class Settings:
     evict_on: frozenset[str] = frozenset()
     #: ``HOST:PORT`` for ``/metrics``, ``/healthz`` and ``/readyz`` (``None``: not served).
     metrics_address: str | None = None
+    #: Write ``status.devices`` of the prepared claims (:mod:`kubedevice.dra.status`).
+    claim_status: bool = True
 
     @property
     def plugin_dir(self) -> Path:
