@@ -20,7 +20,7 @@ KUBE_VERSIONS = ("1.26.0", "1.37.0")
 CRD_KINDS = {"PodMonitor"}
 #: API groups newer than the oldest version: checked from the first version that has them
 #: (resource.k8s.io/v1, DRA, is in Kubernetes 1.34+, as the DRA drivers need).
-FIRST_VERSION = {"resource.k8s.io/v1": "1.34.0"}
+FIRST_VERSION = {"resource.k8s.io/v1": "1.34.0", "admissionregistration.k8s.io/v1": "1.30.0"}
 
 
 def render(

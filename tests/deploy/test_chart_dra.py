@@ -41,9 +41,9 @@ def test_lint_strict_with_both_drivers() -> None:
 def test_both_drivers_render_and_validate() -> None:
     docs = render(values=DRA_ON)
     # generic plugin DaemonSet + its ConfigMap, the GPU config for the DRA driver, per driver
-    # (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet), and the DeviceClasses
-    # of nvidia.com/gpu and kubedevice.io/fuse
-    assert validate_all(docs) == 2 + 1 + 2 * 4 + 2
+    # (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet, ValidatingAdmissionPolicy
+    # and its binding), and the DeviceClasses of nvidia.com/gpu and kubedevice.io/fuse
+    assert validate_all(docs) == 2 + 1 + 2 * 6 + 2
     gpu = daemonset(docs, "dra-nvidia")
     gen = daemonset(docs, "dra-generic")
     assert gpu["metadata"]["name"] == "kubedevice-dra-nvidia"
@@ -51,12 +51,14 @@ def test_both_drivers_render_and_validate() -> None:
         "nvidia", "dra", "--config", "/etc/kubedevice/nvidia/config.yaml",
         "--driver-name", "gpu.kubedevice.io", "--kubelet-dir", "/var/lib/kubelet",
         "--cdi-dir", "/var/run/cdi", "--dev-root", "/host/dev", "--sys-root", "/host/sys",
+        "--metrics-address", "0.0.0.0:9402",
         "--driver-root", "/host/driver", "--host-driver-root", "/",
     ]  # fmt: skip
     assert container(gen)["args"] == [
         "run", "--dra", "--config", "/etc/kubedevice/config.yaml",
         "--driver-name", "dev.kubedevice.io", "--kubelet-dir", "/var/lib/kubelet",
         "--cdi-dir", "/var/run/cdi", "--dev-root", "/host/dev", "--sys-root", "/host/sys",
+        "--metrics-address", "0.0.0.0:9403",
     ]  # fmt: skip
     for ds in (gpu, gen):
         pod = ds["spec"]["template"]["spec"]
@@ -95,9 +97,18 @@ def test_rbac_is_exactly_what_a_driver_needs(component: str) -> None:
     }
     assert rules == {
         ("resource.k8s.io", "resourceclaims"): ["get"],
+        ("resource.k8s.io", "resourceclaims/status"): ["get", "patch", "update"],
+        # Kubernetes 1.36: status.devices of claims on the driver's own node only
+        ("resource.k8s.io", "resourceclaims/driver"): [
+            "associated-node:patch",
+            "associated-node:update",
+        ],
         ("resource.k8s.io", "resourceslices"): sorted(["list", "create", "update", "delete"]),
         ("", "nodes"): ["get"],
     }
+    [driver_rule] = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    driver = {"nvidia": "gpu.kubedevice.io", "generic": "dev.kubedevice.io"}[component]
+    assert driver_rule["resourceNames"] == [driver]  # this driver's claims' status only
     binding = _named(docs, "ClusterRoleBinding", name)
     assert binding["roleRef"]["name"] == name
     assert binding["subjects"] == [
@@ -401,3 +412,54 @@ def test_docs_state_the_charts_rbac_and_no_uninstall_hook() -> None:
     if "helm.sh/hook" not in hooks:
         assert "pre-delete" not in text
         assert "no uninstall hook" in text
+
+
+# ---------------------------------------------------------------- health, probes, admission
+
+
+@pytest.mark.parametrize(("component", "port"), [("nvidia", 9402), ("generic", 9403)])
+def test_probes_are_http_on_the_metrics_port_with_no_shell(component: str, port: int) -> None:
+    c = container(daemonset(render(values=DRA_ON), f"dra-{component}"))
+    assert c["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    assert f"0.0.0.0:{port}" in c["args"]
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}
+        assert "exec" not in c[probe]
+
+
+def test_evict_on_becomes_flags_and_the_schema_refuses_a_bad_fault() -> None:
+    docs = render(values={**DRA_ON, "dra.nvidia.evictOn": "{xid=79,gpu-lost}"})
+    args = container(daemonset(docs, "dra-nvidia"))["args"]
+    at = args.index("--evict-on")
+    assert args[at : at + 4] == ["--evict-on", "xid=79", "--evict-on", "gpu-lost"]
+    assert "--evict-on" not in container(daemonset(docs, "dra-generic"))["args"]
+    proc = helm(
+        "template", "x", str(CHART), "--set", "dra.nvidia.enabled=true",
+        "--set", "dra.nvidia.evictOn={xid=}", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "evictOn" in proc.stderr
+
+
+def test_each_drivers_service_account_may_write_only_its_own_nodes_slices() -> None:
+    docs = render(values=DRA_ON)
+    for component in ("nvidia", "generic"):
+        name = f"kubedevice-dra-{component}"
+        policy = _named(docs, "ValidatingAdmissionPolicy", f"{name}-own-node")
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        [rule] = spec["matchConstraints"]["resourceRules"]
+        assert rule["resources"] == ["resourceslices"]
+        assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
+        [match] = spec["matchConditions"]
+        assert f'"system:serviceaccount:kube-system:{name}"' in match["expression"]
+        node = {v["name"]: v["expression"] for v in spec["variables"]}["node"]
+        assert "authentication.kubernetes.io/node-name" in node
+        binding = _named(docs, "ValidatingAdmissionPolicyBinding", f"{name}-own-node")
+        assert binding["spec"] == {"policyName": f"{name}-own-node", "validationActions": ["Deny"]}
+    off = render(values={**DRA_ON, "dra.nodeRestriction": "false"})
+    assert not by_kind(off, "ValidatingAdmissionPolicy")

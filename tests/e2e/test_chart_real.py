@@ -230,11 +230,12 @@ def _create_dra(cluster: Cluster, ns: str, docs: list[dict[str, Any]]) -> Iterat
     DaemonSets; the cluster-scoped objects are deleted afterwards."""
     apps = client.AppsV1Api(cluster.api)
     rbac = client.RbacAuthorizationV1Api(cluster.api)
+    admission = client.AdmissionregistrationV1Api(cluster.api)
     resource = client.ResourceV1Api(cluster.api)
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == [
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass",
-        "ServiceAccount",
+        "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ], kinds  # fmt: skip
     for sa in by_kind(docs, "ServiceAccount"):
         cluster.core.create_namespaced_service_account(ns, sa)
@@ -248,6 +249,14 @@ def _create_dra(cluster: Cluster, ns: str, docs: list[dict[str, Any]]) -> Iterat
         for binding in by_kind(docs, "ClusterRoleBinding"):
             rbac.create_cluster_role_binding(binding)
             made.append((rbac.delete_cluster_role_binding, binding["metadata"]["name"]))
+        for policy in by_kind(docs, "ValidatingAdmissionPolicy"):
+            admission.create_validating_admission_policy(policy)
+            made.append((admission.delete_validating_admission_policy, policy["metadata"]["name"]))
+        for pb in by_kind(docs, "ValidatingAdmissionPolicyBinding"):
+            admission.create_validating_admission_policy_binding(pb)
+            made.append(
+                (admission.delete_validating_admission_policy_binding, pb["metadata"]["name"])
+            )
         for cls in by_kind(docs, "DeviceClass"):
             made_cls = resource.create_device_class(cls)
             made.append((resource.delete_device_class, cls["metadata"]["name"]))

@@ -105,6 +105,41 @@ driver's socket by its host path), the CDI dir and the host's /dev and /sys. */}
 - /host/dev
 - --sys-root
 - /host/sys
+- --metrics-address
+- "0.0.0.0:{{ (index .root.Values.dra .component).metricsPort }}"
+{{- range (index .root.Values.dra .component).evictOn }}
+- --evict-on
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* A DRA driver's port (/metrics, /healthz, /readyz) and its probes: started once the DRA
+socket is served (the first device list is in), live while it is and no job of the driver
+has failed, ready once the kubelet has registered the driver. No shell needed. */}}
+{{- define "kubedevice.draProbes" -}}
+ports:
+  - name: metrics
+    containerPort: {{ (index .root.Values.dra .component).metricsPort }}
+    protocol: TCP
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 2
+  failureThreshold: 60
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 5
+  timeoutSeconds: 5
 {{- end -}}
 
 {{/* The DeviceClass name of an extended resource, as kubedevice.dra.classes.class_name makes
