@@ -11,13 +11,14 @@ whose claim tolerates the taint. Each test prints the seconds it measured.
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import watch
 
-from .cluster import Cluster, ClusterError
+from .cluster import Cluster, ClusterError, free_port
 from .dra import (
     POD_TIMEOUT,
     GenericDra,
@@ -113,8 +114,51 @@ def _wait_evicted(cluster: Cluster, ns: str, name: str, timeout: float = 60) -> 
     raise ClusterError(f"pod {ns}/{name} was not evicted in {timeout:.0f} s")
 
 
-def _gpu_dra(cluster: Cluster, drivers: list[Any], config: str = "version: v1\n") -> GpuDra:
-    drv = GpuDra(cluster, "dgx-8gpu", config=config)
+def _condition(entry: Any, kind: str) -> tuple[str, str]:
+    [c] = [c for c in entry.conditions or [] if c.type == kind]
+    return c.status, c.reason
+
+
+def _wait_claim_device(cluster: Cluster, ns: str, claim: str, kind: str, status: str) -> Any:
+    """Watch the claim until its status.devices entry of the GPU driver has ``kind`` at
+    ``status``; that entry."""
+
+    def entry(c: Any) -> Any:
+        for d in c.status.devices or []:
+            if d.driver == GPU_DRIVER and any(
+                x.type == kind and x.status == status for x in d.conditions or []
+            ):
+                return d
+        return None
+
+    found = wait_for(
+        resource_api(cluster).list_namespaced_resource_claim,
+        lambda c: c.metadata.name == claim and entry(c) is not None,
+        30,
+        f"claim {claim}: {kind}={status} in status.devices",
+        ns,
+        field_selector=f"metadata.name={claim}",
+    )
+    return entry(found)
+
+
+def _metrics(port: int) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def _gpu_dra(
+    cluster: Cluster, drivers: list[Any], config: str = "version: v1\n", **kwargs: Any
+) -> GpuDra:
+    drv = GpuDra(cluster, "dgx-8gpu", config=config, **kwargs)
     drivers.append(drv)
     drv.start()
     _wait_untainted(cluster, GPU_DRIVER, 8)
@@ -139,13 +183,23 @@ def _wait_untainted(cluster: Cluster, driver: str, count: int) -> None:
 def test_an_xid_reaches_the_pod_status_with_its_reason_and_the_next_pod_gets_another_gpu(
     cluster: Cluster, ns: str, drivers: list[Any]
 ) -> None:
-    drv = _gpu_dra(cluster, drivers)
+    port = free_port()
+    drv = _gpu_dra(cluster, drivers, extra=("--metrics-address", f"127.0.0.1:{port}"))
     with device_class(cluster, IS_GPU) as cls:
         create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
         pod = run_claim_pod(cluster, ns, claim_pod("p", template="one"))
         assert _device_status(pod) in ([], [("Healthy", None)], [("Healthy", "")])
-        [name] = allocated(pod_claim(cluster, ns, "p"))
+        claim = pod_claim(cluster, ns, "p")
+        [name] = allocated(claim)
         uuid = drv.uuids[int(name.removeprefix("gpu-"))]
+        # the driver wrote the claim's status.devices: Ready, Healthy, which GPU
+        entry = _wait_claim_device(cluster, ns, claim.metadata.name, "Healthy", "True")
+        assert entry.data["uuid"] == uuid
+        assert entry.data["pciBusID"]
+        assert _condition(entry, "Ready") == ("True", "Prepared")
+        metrics = _metrics(port)  # the kubelet's prepare, counted
+        assert metrics['kubedevice_dra_requests_total{operation="prepare",result="ok"}'] == 1
+        assert metrics["kubedevice_dra_prepared_devices"] == 1
         start = time.monotonic()
         drv.send({"op": "xid", "uuid": uuid, "xid": 79})
         taint = _wait_taint(cluster, GPU_DRIVER, name, "XID 79")
@@ -157,7 +211,13 @@ def test_an_xid_reaches_the_pod_status_with_its_reason_and_the_next_pod_gets_ano
 
         cluster.wait_pod(ns, "p", unhealthy, 60, "allocatedResourcesStatus Unhealthy, XID 79")
         status_s = time.monotonic() - start
-        print(f"\nXID -> taint on the slice {tainted_s:.2f} s; -> pod status {status_s:.2f} s")
+        entry = _wait_claim_device(cluster, ns, claim.metadata.name, "Healthy", "False")
+        claim_s = time.monotonic() - start
+        assert _condition(entry, "Healthy") == ("False", "Xid")
+        print(
+            f"\nXID -> taint on the slice {tainted_s:.2f} s; -> pod status {status_s:.2f} s; "
+            f"-> claim status {claim_s:.2f} s"
+        )
         # the pod keeps running (NoSchedule); the next pod gets a GPU without the taint
         assert cluster.core.read_namespaced_pod("p", ns).metadata.deletion_timestamp is None
         run_claim_pod(cluster, ns, claim_pod("q", template="one"))
