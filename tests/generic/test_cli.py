@@ -61,8 +61,8 @@ async def test_validate(host: FakeHost) -> None:
     assert code == 2
     assert out.strip().splitlines() == [
         f"error: {bad}: resources: must have at least 1 item(s) (got 0)",
-        f"{bad}: extra: unknown key (allowed: devRoot, keepUnhealthySeconds, resources, sysRoot, "
-        "version)",
+        f"{bad}: extra: unknown key (allowed: devRoot, evictOn, keepUnhealthySeconds, resources, "
+        "sysRoot, version)",
     ]
 
 

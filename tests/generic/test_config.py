@@ -56,7 +56,7 @@ BAD: list[tuple[str, Any, str]] = [
     (
         "unknown-top-key",
         {**_res(), "devroot": "/x"},
-        "c.yaml: devroot: unknown key (allowed: devRoot, keepUnhealthySeconds, resources, "
+        "c.yaml: devroot: unknown key (allowed: devRoot, evictOn, keepUnhealthySeconds, resources, "
         "sysRoot, version)",
     ),
     (

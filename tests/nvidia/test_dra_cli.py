@@ -54,8 +54,10 @@ def test_gpu_driver_without_a_node_name(tmp_path: Path) -> None:
         (["--driver-name", "Not_A_Driver"], "driver name 'Not_A_Driver'"),
         (["--nvml", "bogus"], "nvml: 'bogus'"),
         (["--nvml", "fake:no-driver"], "DriverNotLoaded"),
+        (["--evict-on", "xid="], "--evict-on 'xid='"),
+        (["--metrics-address", "nope"], "HOST:PORT"),
     ],
-    ids=["driver-name", "nvml-spec", "no-driver"],
+    ids=["driver-name", "nvml-spec", "no-driver", "evict-on", "metrics-address"],
 )
 def test_gpu_driver_bad_options(tmp_path: Path, args: list[str], needle: str) -> None:
     kubeconfig = tmp_path / "kubeconfig"
@@ -88,3 +90,35 @@ def test_generic_driver_bad_config_names_the_field(tmp_path: Path) -> None:
     config.write_text("version: v1\nresources:\n  - name: example.com/x\n    groups: []\n")
     proc = _run("run", "--dra", "--config", str(config), "--node-name", "n")
     _one_line_error(proc, 2, "resources[0].groups")
+
+
+def test_gpu_driver_bad_evict_on_in_its_config_names_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "gpu.yaml"
+    config.write_text("version: v1\nhealth:\n  evictOn: [xid=7 9]\n")
+    proc = _run("nvidia", "dra", "--config", str(config), "--node-name", "n")
+    _one_line_error(proc, 2, "health.evictOn")
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "needle"),
+    [
+        ("evictOn: [health check]\n", [], "evictOn"),
+        ("", ["--evict-on", "=x"], "--evict-on '=x'"),
+    ],
+    ids=["config", "flag"],
+)
+def test_generic_driver_bad_evict_on(
+    tmp_path: Path, config: str, args: list[str], needle: str
+) -> None:
+    path = tmp_path / "devices.yaml"
+    path.write_text(
+        "version: v1\nresources:\n  - name: example.com/x\n    groups:\n"
+        "      - paths: [{path: /dev/x*}]\n" + config
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(UNREACHABLE)
+    proc = _run(
+        "run", "--dra", "--config", str(path), "--node-name", "n", "--kubeconfig",
+        str(kubeconfig), "--kubelet-dir", str(tmp_path / "k"), *args,
+    )  # fmt: skip
+    _one_line_error(proc, 2, needle)
