@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -44,6 +44,9 @@ from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import Device, Health
 from kubedevice.errors import KubeDeviceError
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
+
+if TYPE_CHECKING:
+    from kubedevice.dra.metrics import DraMetrics, StatusEndpoint
 
 __all__ = ["DriverServer"]
 
@@ -83,8 +86,8 @@ class DriverServer:
         )
         self._dra = UnixGrpcServer(settings.dra_socket, self._add_dra_services)
         self._reg = UnixGrpcServer(settings.registration_socket, self._add_registration)
-        self.metrics: Any = None  # a DraMetrics with settings.metrics_address
-        self.endpoint: Any = None  # its StatusEndpoint
+        self.metrics: DraMetrics | None = None  # with settings.metrics_address
+        self.endpoint: StatusEndpoint | None = None  # serves them, /healthz and /readyz
         self.status: ClaimStatusWriter | None = None  # with settings.claim_status
 
     @property
