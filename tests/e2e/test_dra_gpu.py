@@ -271,11 +271,14 @@ def test_a_bad_gpu_config_fails_prepare_naming_the_field(
 def test_the_charts_rbac_is_enough(
     cluster: Cluster, ns: str, gpu_dra: Callable[..., GpuDra], tmp_path: Path
 ) -> None:
-    """The driver runs as a ServiceAccount bound to the chart's own ClusterRole, nothing more."""
+    """The driver runs as a ServiceAccount bound to the chart's own ClusterRole, nothing more,
+    with a token bound to a pod on the node (as the kubelet gives the chart's DaemonSet pod:
+    the API server then knows the driver's node, which status writes need)."""
     from deploy.render import render
     from kubernetes import client
 
-    from .cluster import write_kubeconfig
+    from .cluster import NODE, wait_for, write_kubeconfig
+    from .dra import resource_api
 
     [role] = [
         d
@@ -299,8 +302,22 @@ def test_the_charts_rbac_is_enough(
                 "subjects": [{"kind": "ServiceAccount", "name": "driver", "namespace": ns}],
             }
         )
+        holder = cluster.core.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": "driver"},
+                "spec": {
+                    "nodeName": NODE,
+                    "serviceAccountName": "driver",
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        )
+        bound = {"apiVersion": "v1", "kind": "Pod", "name": "driver", "uid": holder.metadata.uid}
         token = cluster.core.create_namespaced_service_account_token(
-            "driver", ns, {"spec": {"expirationSeconds": 3600}}
+            "driver", ns, {"spec": {"expirationSeconds": 3600, "boundObjectRef": bound}}
         ).status.token
         kubeconfig = write_kubeconfig(
             tmp_path / "driver.kubeconfig",
@@ -314,6 +331,14 @@ def test_the_charts_rbac_is_enough(
         with device_class(cluster, IS_GPU) as cls:
             create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
             run_claim_pod(cluster, ns, claim_pod("p", template="one"))
+            claim = pod_claim(cluster, ns, "p").metadata.name
+            wait_for(  # the claim's status.devices, written with the chart's RBAC
+                resource_api(cluster).list_namespaced_resource_claim,
+                lambda c: c.metadata.name == claim and bool(c.status.devices),
+                30,
+                f"claim {claim}: status.devices written",
+                ns,
+            )
             delete_pod(cluster, ns, "p")
             drv.wait_specs(lambda specs: not specs, "the claim's CDI spec removed")
         assert "Forbidden" not in drv.log.read_text()
