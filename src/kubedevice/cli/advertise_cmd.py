@@ -17,7 +17,11 @@ __all__ = ["COMMANDS"]
 @click.argument("node")
 @click.argument("resources", nargs=-1, metavar="[RESOURCE=COUNT]...")
 @click.option(
-    "--remove", "remove", multiple=True, metavar="RESOURCE", help="Remove RESOURCE (repeatable)."
+    "--remove",
+    "remove",
+    multiple=True,
+    metavar="RESOURCE",
+    help="Remove RESOURCE from the node's capacity (repeatable).",
 )
 @click.option(
     "--dry-run",
@@ -27,9 +31,16 @@ __all__ = ["COMMANDS"]
 @click.option(
     "--kubeconfig",
     default=None,
-    help="Kubeconfig file [default: $KUBECONFIG, ~/.kube/config, in-cluster].",
+    show_default="$KUBECONFIG, else ~/.kube/config, else the in-cluster service account",
+    type=click.Path(dir_okay=False),
+    help="The kubeconfig file to reach the API server with.",
 )
-@click.option("--context", default=None, help="Kubeconfig context [default: the current one].")
+@click.option(
+    "--context",
+    default=None,
+    show_default="the kubeconfig's current context",
+    help="The kubeconfig context to use.",
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(0.1, 300),

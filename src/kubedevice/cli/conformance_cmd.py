@@ -37,13 +37,15 @@ __all__ = ["COMMANDS", "conformance"]
     "--junit",
     "junit_path",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    show_default="none",
     help="Write JUnit XML (one testcase per case) to this file.",
 )
 @click.option(
     "--log",
     "log_path",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
-    help="Where the plugin's stdout/stderr go (default: a new file in /tmp).",
+    show_default="a new file in /tmp",
+    help="Where the plugin's stdout and stderr go.",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def conformance(
@@ -72,7 +74,7 @@ def conformance(
     try:
         report = check_plugin(command, timeout=timeout, log_path=log_path)
     except ConfigError as exc:
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from exc
     click.echo(report.format_table())
     musts = len(report.failures(Level.MUST))

@@ -19,7 +19,8 @@ __all__ = ["COMMANDS"]
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Keep the fake host and sockets here (default: a temp dir, removed at the end).",
+    show_default="a temp dir, removed at the end",
+    help="Keep the fake host, the sockets and the logs here.",
 )
 @click.option("--gpu", is_flag=True, help="The NVIDIA GPU plugin on a fake 8-GPU NVLink box.")
 def demo(workdir: Path | None, gpu: bool) -> None:

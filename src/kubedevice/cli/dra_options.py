@@ -48,8 +48,10 @@ def print_classes(classes: list[dict[str, Any]]) -> None:
     click.echo(dump_classes(classes), nl=False)
 
 
-def dra_options(default_driver_name: str) -> Callable[[F], F]:
-    """Add the DRA driver options to a click command (``driver_name`` ... ``cleanup``)."""
+def dra_options(default_driver_name: str, *, cdi_default: str) -> Callable[[F], F]:
+    """Add the DRA driver options to a click command (``driver_name`` ... ``cleanup``);
+    ``cdi_default`` says where CDI specs go without ``--cdi-dir``.
+    """
 
     def decorate(fn: F) -> F:
         options = [
@@ -65,7 +67,9 @@ def dra_options(default_driver_name: str) -> Callable[[F], F]:
                 envvar="NODE_NAME",
                 show_envvar=True,
                 default=None,
-                help="This node's name (also the pool's); set NODE_NAME from the downward API.",
+                show_default="none",
+                help="This node's name (also the pool's); a DRA driver cannot start without "
+                "it. In a pod, set NODE_NAME from the downward API.",
             ),
             click.option(
                 "--kubelet-dir",
@@ -76,16 +80,17 @@ def dra_options(default_driver_name: str) -> Callable[[F], F]:
             ),
             click.option(
                 "--cdi-dir",
-                default="/var/run/cdi",
-                show_default=True,
+                default=None,
+                show_default=cdi_default,
                 type=click.Path(file_okay=False, path_type=Path),
-                help="Where the claims' CDI specs are written.",
+                help="Where the CDI specs are written.",
             ),
             click.option(
                 "--kubeconfig",
                 default=None,
+                show_default="the in-cluster service account",
                 type=click.Path(dir_okay=False, path_type=Path),
-                help="A kubeconfig file [default: the in-cluster service account].",
+                help="The kubeconfig file to reach the API server with.",
             ),
             click.option(
                 "--no-health", is_flag=True, help="Do not serve the kubelet's health stream."

@@ -14,11 +14,14 @@ from pathlib import Path
 
 import click
 
-from kubedevice._api import DEFAULT_DEVICE_PLUGIN_DIR, ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.options import (
+    OUTPUT_HELP,
+    POD_RESOURCES_BESIDE,
+    device_plugin_dir_option,
+    pod_resources_socket_option,
+)
 
 __all__ = ["COMMANDS"]
-
-_DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 _STREAM_WARNING = (
     "warning: --list-and-watch opens a second ListAndWatch stream on every plugin. Plugins "
@@ -29,25 +32,15 @@ _STREAM_WARNING = (
 
 
 @click.command("inspect")
-@click.option(
-    "--device-plugin-dir",
-    envvar=ENV_DEVICE_PLUGIN_DIR,
-    default=None,
-    help=f"Kubelet device plugin directory [default: {DEFAULT_DEVICE_PLUGIN_DIR}].",
-)
-@click.option(
-    "--pod-resources-socket",
-    default=None,
-    help="PodResources socket [default: DIR/../pod-resources/kubelet.sock, i.e. "
-    f"{_DEFAULT_POD_RESOURCES}].",
-)
+@device_plugin_dir_option()
+@pod_resources_socket_option(POD_RESOURCES_BESIDE)
 @click.option(
     "-o",
     "--output",
     type=click.Choice(["table", "json"]),
     default="table",
     show_default=True,
-    help="A report with tables, or one JSON document.",
+    help=OUTPUT_HELP,
 )
 @click.option(
     "--timeout",
@@ -61,10 +54,10 @@ _STREAM_WARNING = (
     "list_and_watch",
     is_flag=True,
     help="Also open a ListAndWatch stream on each plugin for its own device list (health "
-    "as the plugin sees it, NUMA). Off by default: see the warning it prints.",
+    "as the plugin sees it, NUMA); see the warning it prints before using it.",
 )
 def inspect_command(
-    device_plugin_dir: str | None,
+    device_plugin_dir: str,
     pod_resources_socket: str | None,
     output: str,
     timeout: float,
@@ -88,7 +81,7 @@ def inspect_command(
         click.echo(_STREAM_WARNING, err=True)
 
     # Absolute: gRPC's unix:// target does not take a relative path.
-    dp_dir = Path(os.path.abspath(device_plugin_dir or DEFAULT_DEVICE_PLUGIN_DIR))
+    dp_dir = Path(os.path.abspath(device_plugin_dir))
     if pod_resources_socket is None:
         pr_socket = Path(os.path.normpath(dp_dir / ".." / "pod-resources" / "kubelet.sock"))
     else:

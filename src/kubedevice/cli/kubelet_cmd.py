@@ -16,7 +16,12 @@ from typing import Any
 
 import click
 
-from kubedevice._api import DEFAULT_DEVICE_PLUGIN_DIR, ENV_DEVICE_PLUGIN_DIR
+from kubedevice.cli.options import (
+    OUTPUT_HELP,
+    POD_RESOURCES_BESIDE,
+    device_plugin_dir_option,
+    pod_resources_socket_option,
+)
 from kubedevice.errors import ManifestError
 from kubedevice.kubelet import Emulator
 from kubedevice.kubelet.admission import POLICIES, SCOPES
@@ -32,16 +37,14 @@ EXIT_ERROR = 1
 EXIT_MANIFEST = 2
 EXIT_REJECTED = 3
 
-_dir_option = click.option(
-    "--device-plugin-dir",
-    envvar=ENV_DEVICE_PLUGIN_DIR,
-    default=DEFAULT_DEVICE_PLUGIN_DIR,
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help=f"Device plugin directory (env {ENV_DEVICE_PLUGIN_DIR}).",
-)
+_dir_option = device_plugin_dir_option(Path)
 _output_option = click.option(
-    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help=OUTPUT_HELP,
 )
 
 
@@ -122,12 +125,7 @@ def _request(
     show_default=True,
     help="Align each container on its own, or the whole pod.",
 )
-@click.option(
-    "--pod-resources-socket",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="PodResources socket [default: DIR/../pod-resources/kubelet.sock].",
-)
+@pod_resources_socket_option(POD_RESOURCES_BESIDE, Path)
 @click.pass_context
 def kubelet(
     ctx: click.Context,
@@ -249,7 +247,7 @@ def pod_apply(device_plugin_dir: Path, filename: str, output: str) -> None:
 @pod.command("delete")
 @_dir_option
 @click.argument("name")
-@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("-n", "--namespace", default="default", show_default=True, help="The pod's namespace.")
 def pod_delete(device_plugin_dir: Path, name: str, namespace: str) -> None:
     """Delete a pod and free its devices."""
     _request(device_plugin_dir, {"op": "delete", "name": name, "namespace": namespace})
@@ -259,7 +257,7 @@ def pod_delete(device_plugin_dir: Path, name: str, namespace: str) -> None:
 @pod.command("get")
 @_dir_option
 @click.argument("name")
-@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("-n", "--namespace", default="default", show_default=True, help="The pod's namespace.")
 @_output_option
 def pod_get(device_plugin_dir: Path, name: str, namespace: str, output: str) -> None:
     """Show what each container of a pod got (devices and runtime view)."""
@@ -269,7 +267,9 @@ def pod_get(device_plugin_dir: Path, name: str, namespace: str, output: str) -> 
 
 @pod.command("list")
 @_dir_option
-@click.option("-n", "--namespace", default=None, help="Only this namespace.")
+@click.option(
+    "-n", "--namespace", default=None, show_default="all", help="Only this namespace's pods."
+)
 @_output_option
 def pod_list(device_plugin_dir: Path, namespace: str | None, output: str) -> None:
     """List admitted pods and their devices."""
@@ -287,12 +287,24 @@ def pod_list(device_plugin_dir: Path, namespace: str | None, output: str) -> Non
     "--wait-for",
     "wait_for",
     default=None,
+    show_default="no wait",
+    metavar="RESOURCE",
     help="First wait (for the emulator to start, then) until RESOURCE is listed.",
 )
 @click.option(
-    "--allocatable", type=int, default=None, help="With --wait-for: wait for this allocatable."
+    "--allocatable",
+    type=int,
+    default=None,
+    show_default="any",
+    help="With --wait-for: wait until RESOURCE has this many allocatable devices.",
 )
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="For --wait-for.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds --wait-for waits at most.",
+)
 def node(
     device_plugin_dir: Path,
     output: str,
@@ -300,7 +312,7 @@ def node(
     allocatable: int | None,
     timeout: float,
 ) -> None:
-    """Capacity, allocatable and per-device health (like ``kubectl describe node``)."""
+    """Capacity, allocatable and per-device health (like kubectl describe node)."""
     if wait_for is not None:
         req = {"op": "wait", "resource": wait_for, "allocatable": allocatable, "timeout": timeout}
         # also waits for an emulator that is still starting (`kubedevice kubelet &` just before)

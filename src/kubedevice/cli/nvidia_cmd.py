@@ -13,7 +13,6 @@ from pathlib import Path
 
 import click
 
-from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
 from kubedevice.cli.dra_options import (
     PRINT_DEVICE_CLASSES,
     dra_options,
@@ -22,16 +21,29 @@ from kubedevice.cli.dra_options import (
     run_driver,
 )
 from kubedevice.cli.fastexit import end_process_after_stop
+from kubedevice.cli.options import (
+    OUTPUT_HELP,
+    device_plugin_dir_option,
+    metrics_address_option,
+    pod_resources_socket_option,
+    root_options,
+)
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
 from kubedevice.signals import stop_on_signals
 
 __all__ = ["COMMANDS"]
+
+def _flag(key: str) -> str:
+    """A key of the GPU plugin's config file, as the options' defaults name it."""
+    return f"flags.{key}"
+
 
 _NVML = click.option(
     "--nvml",
     default="real",
     show_default=True,
     envvar="KUBEDEVICE_NVML",
+    show_envvar=True,
     help="NVML backend: 'real' (nvidia-ml-py) or 'fake:FILE' (a machine file or a packaged "
     "machine name such as fake:dgx-8gpu).",
 )
@@ -41,7 +53,8 @@ _CONFIG = click.option(
     "config_path",
     default=None,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="YAML config file (version: v1); defaults apply without one.",
+    show_default="none: the built-in defaults",
+    help="YAML config file (version: v1).",
 )
 
 
@@ -68,38 +81,27 @@ def nvidia() -> None:
 @nvidia.command("run")
 @_CONFIG
 @_NVML
+@device_plugin_dir_option()
+@metrics_address_option()
+@root_options(_flag, driver=True)
 @click.option(
-    "--device-plugin-dir",
-    envvar=ENV_DEVICE_PLUGIN_DIR,
+    "--cdi-dir",
     default=None,
-    help="Kubelet device plugin directory [default: /var/lib/kubelet/device-plugins].",
+    show_default=f"the config's {_flag('cdiDir')}",
+    type=click.Path(file_okay=False),
+    help="Where the CDI specs are written.",
 )
-@click.option("--metrics-address", default=None, help="Serve Prometheus metrics on HOST:PORT.")
-@click.option("--dev-root", default=None, help="Where the host's /dev is (flags.devRoot).")
-@click.option("--sys-root", default=None, help="Where the host's /sys is (flags.sysRoot).")
-@click.option(
-    "--driver-root", default=None, help="Where the driver's files are (flags.nvidiaDriverRoot)."
-)
-@click.option(
-    "--host-driver-root",
-    default=None,
-    help="The driver root as a path on the host, for CDI specs (flags.hostDriverRoot).",
-)
-@click.option("--cdi-dir", default=None, help="Where to write the CDI spec (flags.cdiDir).")
 @click.option(
     "--features-dir",
     default=None,
-    help="NFD local feature directory (flags.featuresDir); '' writes no labels.",
+    show_default=f"the config's {_flag('featuresDir')}",
+    help="node-feature-discovery's local feature directory; '' writes no labels.",
 )
-@click.option(
-    "--pod-resources-socket",
-    default=None,
-    help="The kubelet's PodResources socket (flags.podResourcesSocket).",
-)
+@pod_resources_socket_option(f"the config's {_flag('podResourcesSocket')}")
 def run_command(
     config_path: Path | None,
     nvml: str,
-    device_plugin_dir: str | None,
+    device_plugin_dir: str,
     metrics_address: str | None,
     dev_root: str | None,
     sys_root: str | None,
@@ -168,30 +170,17 @@ def run_command(
 @nvidia.command("dra")
 @_CONFIG
 @_NVML
-@dra_options("gpu.kubedevice.io")
-@click.option("--dev-root", default=None, help="Where the host's /dev is (flags.devRoot).")
-@click.option("--sys-root", default=None, help="Where the host's /sys is (flags.sysRoot).")
-@click.option(
-    "--driver-root", default=None, help="Where the driver's files are (flags.nvidiaDriverRoot)."
-)
-@click.option(
-    "--host-driver-root",
-    default=None,
-    help="The driver root as a path on the host, for CDI specs (flags.hostDriverRoot).",
-)
+@dra_options("gpu.kubedevice.io", cdi_default=f"the config's {_flag('cdiDir')}")
+@root_options(_flag, driver=True)
 @PRINT_DEVICE_CLASSES
-@click.option(
-    "--metrics-address",
-    default=None,
-    help="Serve /metrics (Prometheus), /healthz and /readyz on HOST:PORT.",
-)
+@metrics_address_option()
 def dra_command(
     config_path: Path | None,
     nvml: str,
     driver_name: str,
     node_name: str | None,
     kubelet_dir: Path,
-    cdi_dir: Path,
+    cdi_dir: Path | None,
     kubeconfig: Path | None,
     no_health: bool,
     evict_on: tuple[str, ...],
@@ -205,7 +194,7 @@ def dra_command(
 ) -> None:
     """Run the GPU DRA driver: the GPUs as devices of ResourceSlices, prepared per claim.
 
-    Reads the same config file as ``nvidia run`` (migStrategy, health policies, roots).
+    Reads the same config file as nvidia run (migStrategy, health policies, roots).
     SIGTERM or SIGINT stops cleanly with status 0. With --print-device-classes, prints the
     DeviceClasses that serve the plugin's resource names from this driver (under a MIG
     strategy, this node's MIG profiles are read through --nvml) and exits.
@@ -219,7 +208,7 @@ def dra_command(
             sys_root=sys_root,
             nvidia_driver_root=driver_root,
             host_driver_root=host_driver_root,
-            cdi_dir=str(cdi_dir),
+            cdi_dir=None if cdi_dir is None else str(cdi_dir),
         )
         backend = open_backend(nvml)
         from kubedevice.nvidia.dra import GpuDraDriver
@@ -245,11 +234,13 @@ def dra_command(
         backend,
         wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
     )
+    # without --cdi-dir, the config's flags.cdiDir (as for ``nvidia run``)
+    cdi = Path(config.flags.cdi_dir)
     options = driver_options(
         driver_name,
         node_name,
         kubelet_dir,
-        cdi_dir,
+        cdi,
         kubeconfig,
         no_health,
         tuple(config.health.evict_on) + tuple(evict_on),
@@ -269,9 +260,20 @@ def dra_command(
 @nvidia.command("info")
 @_NVML
 @_CONFIG
-@click.option("--sys-root", default=None, help="Where the host's /sys is (NUMA nodes).")
 @click.option(
-    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--sys-root",
+    default=None,
+    show_default=f"the config's {_flag('sysRoot')}",
+    type=click.Path(file_okay=False),
+    help="Where the host's /sys is.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help=OUTPUT_HELP,
 )
 def info_command(nvml: str, config_path: Path | None, sys_root: str | None, output: str) -> None:
     """Show the GPUs, MIG devices, topology matrix and the node labels the plugin would write."""

@@ -14,7 +14,6 @@ from typing import NoReturn
 
 import click
 
-from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
 from kubedevice.cli.dra_options import (
     PRINT_DEVICE_CLASSES,
     dra_options,
@@ -23,6 +22,12 @@ from kubedevice.cli.dra_options import (
     run_driver,
 )
 from kubedevice.cli.fastexit import end_process_after_stop
+from kubedevice.cli.options import (
+    DEFAULT_CDI_DIR,
+    device_plugin_dir_option,
+    metrics_address_option,
+    root_options,
+)
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.signals import stop_on_signals
 
@@ -59,27 +64,20 @@ _CONFIG = click.option(
 
 @click.command("run")
 @_CONFIG
-@click.option(
-    "--device-plugin-dir",
-    envvar=ENV_DEVICE_PLUGIN_DIR,
-    show_envvar=True,
-    default=None,
-    help="Kubelet device plugin directory [default: /var/lib/kubelet/device-plugins].",
-)
-@click.option("--metrics-address", default=None, help="Serve Prometheus metrics on HOST:PORT.")
-@click.option("--dev-root", default=None, help="Where the host's /dev is (overrides devRoot).")
-@click.option("--sys-root", default=None, help="Where the host's /sys is (overrides sysRoot).")
+@device_plugin_dir_option()
+@metrics_address_option()
+@root_options(lambda key: key, driver=False)
 @click.option(
     "--dra",
     is_flag=True,
     help="Run as a DRA driver instead: the devices published as ResourceSlices of the "
     "driver --driver-name, prepared per ResourceClaim (Kubernetes 1.34+).",
 )
-@dra_options("dev.kubedevice.io")
+@dra_options("dev.kubedevice.io", cdi_default=DEFAULT_CDI_DIR)
 @PRINT_DEVICE_CLASSES
 def run_command(
     config: Path,
-    device_plugin_dir: str | None,
+    device_plugin_dir: str,
     metrics_address: str | None,
     dev_root: str | None,
     sys_root: str | None,
@@ -87,7 +85,7 @@ def run_command(
     driver_name: str,
     node_name: str | None,
     kubelet_dir: Path,
-    cdi_dir: Path,
+    cdi_dir: Path | None,
     kubeconfig: Path | None,
     no_health: bool,
     evict_on: tuple[str, ...],
@@ -128,7 +126,7 @@ def run_command(
             driver_name,
             node_name,
             kubelet_dir,
-            cdi_dir,
+            cdi_dir or Path(DEFAULT_CDI_DIR),
             kubeconfig,
             no_health,
             tuple(cfg.evict_on) + tuple(evict_on),
