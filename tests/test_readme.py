@@ -1,4 +1,5 @@
-"""The README shows the tested example plugins verbatim, and names the two set-up commands."""
+"""The README and the guides show the tested examples verbatim, the README names the two
+set-up commands, and the emulator walkthrough runs as a user pastes it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["minimal.py", "all_hooks.py", "plain_hooks.py"])
-def test_readme_embeds_the_sdk_examples_verbatim(name: str) -> None:
-    readme = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize(
+    ("doc", "name"),
+    [
+        ("README.md", "minimal.py"),
+        ("README.md", "dra_minimal.py"),
+        ("docs/sdk.md", "minimal.py"),
+        ("docs/sdk.md", "all_hooks.py"),
+        ("docs/sdk.md", "plain_hooks.py"),
+    ],
+)
+def test_the_docs_embed_the_examples_verbatim(doc: str, name: str) -> None:
+    text = (ROOT / doc).read_text()
     example = (ROOT / "examples" / name).read_text()
     code = example.split('"""', 2)[2].strip()  # the example without its docstring
-    assert f"```python\n# examples/{name}: python examples/{name} " in readme
-    assert code in readme
+    assert f"```python\n# examples/{name}: python examples/{name} " in text
+    assert code in text
 
 
 def test_readme_quick_start_commands_exist_in_the_makefile() -> None:
@@ -30,16 +40,57 @@ def test_readme_quick_start_commands_exist_in_the_makefile() -> None:
     assert "make test" in (ROOT / ".ci/run").read_text()
 
 
+def _planned(target: str, tmp_path: Path) -> list[str]:
+    """The commands ``make TARGET`` would run on a fresh clone (no venv yet)."""
+    proc = subprocess.run(
+        [
+            "make",
+            "-n",
+            "--no-print-directory",
+            "-C",
+            str(ROOT),
+            f"VENV={tmp_path / 'venv'}",
+            target,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.splitlines()
+
+
+def test_make_demo_installs_only_the_runtime(tmp_path: Path) -> None:
+    plan = _planned("demo", tmp_path)
+    installs = [line for line in plan if " install " in line]
+    assert installs, plan
+    assert all("[" not in line for line in installs), (
+        installs
+    )  # no extra: what pip install kubedevice installs
+    assert any(
+        line.endswith("install --quiet --disable-pip-version-check -e .") for line in installs
+    )
+    assert plan[-1].endswith("/bin/kubedevice demo")
+
+
+def test_make_test_adds_the_dev_extra(tmp_path: Path) -> None:
+    plan = _planned("test", tmp_path)
+    assert any(line.endswith("install --quiet -e '.[dev]'") for line in plan), plan
+    # the same venv as make demo's, filled in two steps
+    runtime = [line for line in plan if line.endswith("-e .")]
+    assert len(runtime) == 1, plan
+
+
 def _shell_block_after(heading: str) -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index(heading) :]
+    doc = (ROOT / "docs" / "emulator.md").read_text()
+    section = doc[doc.index(heading) :]
     return section.split("```sh\n", 1)[1].split("```", 1)[0]
 
 
-def test_readme_emulator_walkthrough_runs_without_a_race(tmp_path: Path) -> None:
+def test_the_emulator_walkthrough_runs_without_a_race(tmp_path: Path) -> None:
     # the block as a user pastes it, in a fresh directory that has the examples
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    script = "set -e\n" + _shell_block_after("## The kubelet emulator") + "wait\n"
+    script = "set -e\n" + _shell_block_after("## A walkthrough") + "wait\n"
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

@@ -247,7 +247,9 @@ def pod_apply(device_plugin_dir: Path, filename: str, output: str) -> None:
 @pod.command("delete")
 @_dir_option
 @click.argument("name")
-@click.option("-n", "--namespace", default="default", show_default=True, help="The pod's namespace.")
+@click.option(
+    "-n", "--namespace", default="default", show_default=True, help="The pod's namespace."
+)
 def pod_delete(device_plugin_dir: Path, name: str, namespace: str) -> None:
     """Delete a pod and free its devices."""
     _request(device_plugin_dir, {"op": "delete", "name": name, "namespace": namespace})
@@ -257,7 +259,9 @@ def pod_delete(device_plugin_dir: Path, name: str, namespace: str) -> None:
 @pod.command("get")
 @_dir_option
 @click.argument("name")
-@click.option("-n", "--namespace", default="default", show_default=True, help="The pod's namespace.")
+@click.option(
+    "-n", "--namespace", default="default", show_default=True, help="The pod's namespace."
+)
 @_output_option
 def pod_get(device_plugin_dir: Path, name: str, namespace: str, output: str) -> None:
     """Show what each container of a pod got (devices and runtime view)."""

@@ -33,6 +33,7 @@ from kubedevice.signals import stop_on_signals
 
 __all__ = ["COMMANDS"]
 
+
 def _flag(key: str) -> str:
     """A key of the GPU plugin's config file, as the options' defaults name it."""
     return f"flags.{key}"
