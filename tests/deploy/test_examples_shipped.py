@@ -16,6 +16,7 @@ from kubedevice.generic import parse_config
 SOURCES = {
     "kubedevice.yaml": ROOT / "deploy" / "kubedevice.yaml",
     "kubedevice-nvidia.yaml": ROOT / "deploy" / "kubedevice-nvidia.yaml",
+    "kubedevice-dra-driver.yaml": ROOT / "deploy" / "kubedevice-dra-driver.yaml",
     **{
         p.name: p
         for p in sorted((ROOT / "examples").glob("*.yaml"))
@@ -56,3 +57,15 @@ def test_command_lists_and_prints() -> None:
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
     assert line.startswith("error: no example named 'nope.yaml'; one of: ")
+
+
+def test_the_dra_driver_template_is_valid_kubernetes() -> None:
+    """The DaemonSet template docs/dra.md shows, against the API's schemas."""
+    import kubernetes_validate
+
+    docs = [d for d in yaml.safe_load_all(shipped()["kubedevice-dra-driver.yaml"]) if d]
+    assert [d["kind"] for d in docs] == [
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"
+    ]  # fmt: skip
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.34", strict=True)

@@ -355,7 +355,9 @@ def test_the_docs_examples_run_as_written(
 
     docs = docs_yaml()
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["DeviceClass", "ResourceClaimTemplate", "DeviceClass"]
+    assert kinds == [
+        "DeviceClass", "ResourceClaimTemplate", "Pod", "DeviceClass", "ResourceClaim", "Pod"
+    ]  # fmt: skip
     gpu_dra()
     wait_slices(cluster, DRIVER, lambda n: len(n) == 8, "8 GPUs")
     api = resource_api(cluster)
@@ -365,9 +367,9 @@ def test_the_docs_examples_run_as_written(
     try:
         [template] = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
         api.create_namespaced_resource_claim_template(ns, template)
-        pod = claim_pod("p", template=template["metadata"]["name"])
+        [pod] = [d for d in docs if d["kind"] == "Pod" and "two-linked-gpus" in str(d)]
         run_claim_pod(cluster, ns, pod)
-        got = sorted(allocated(pod_claim(cluster, ns, "p")))
+        got = sorted(allocated(pod_claim(cluster, ns, pod["metadata"]["name"])))
         # two GPUs of one NVLink clique of the dgx-8gpu machine (0-3 or 4-7)
         assert len(got) == 2
         assert len({int(g.removeprefix("gpu-")) // 4 for g in got}) == 1
