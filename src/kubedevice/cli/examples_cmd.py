@@ -1,7 +1,7 @@
 """``kubedevice examples``: print the files a user needs that are not Python.
 
-The plain DaemonSet manifests (``deploy/*.yaml``) and the generic plugin's example configs
-(``examples/*.yaml``) ship inside the package (``kubedevice/examples/``), so an installation
+The plain DaemonSet manifests and the DRA driver template (``deploy/*.yaml``) and the
+generic plugin's example configs (``examples/*.yaml``) ship inside the package (``kubedevice/examples/``), so an installation
 from a wheel has them too: ``kubedevice examples kubedevice.yaml | kubectl apply -f -``.
 tests/deploy/test_examples_shipped.py keeps each copy equal to its source in the repository.
 """
@@ -38,7 +38,8 @@ def examples_command(name: str | None) -> None:
     """List the shipped example files, or print NAME.
 
     kubedevice.yaml and kubedevice-nvidia.yaml are the plain manifests (what the Helm chart
-    renders with its defaults); the others are configs for the generic /dev plugin.
+    renders with its defaults), kubedevice-dra-driver.yaml a DaemonSet template for your own
+    DRA driver; the others are configs for the generic /dev plugin.
     Example: kubedevice examples fuse.yaml > my-devices.yaml
     """
     found = shipped()
