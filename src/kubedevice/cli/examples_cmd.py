@@ -2,7 +2,8 @@
 
 The plain DaemonSet manifests and the DRA driver template (``deploy/*.yaml``) and the
 generic plugin's example configs (``examples/*.yaml``) ship inside the package
-(``kubedevice/examples/``), so an installation from a wheel has them too: ``kubedevice examples kubedevice.yaml | kubectl apply -f -``.
+(``kubedevice/examples/``), so an installation from a wheel has them too:
+``kubedevice examples kubedevice.yaml | kubectl apply -f -``.
 tests/deploy/test_examples_shipped.py keeps each copy equal to its source in the repository.
 """
 
