@@ -249,6 +249,7 @@ def test_each_top_level_command_help_as_a_real_process(name: str) -> None:
         ["advertise", "node-1", "no-count"],
         ["examples", "no-such-example.yaml"],
         ["conformance"],
+        ["demo", "--workdir", "/proc/no-such-dir/demo"],
     ],
     ids=lambda argv: " ".join(argv),
 )
@@ -258,3 +259,4 @@ def test_a_config_or_usage_error_exits_2_with_one_line(argv: list[str]) -> None:
     )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stderr.lower().lstrip().startswith(("error: ", "usage: ")), proc.stderr
+    assert "Traceback" not in proc.stderr

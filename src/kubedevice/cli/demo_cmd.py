@@ -35,10 +35,16 @@ def demo(workdir: Path | None, gpu: bool) -> None:
     if gpu:
         from kubedevice.demo.gpu import run_gpu_demo as run_demo
 
+    if workdir is not None:
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a usage error: one line, status 2, as every command
+            click.echo(f"error: --workdir: {exc}", err=True)
+            sys.exit(2)
     start = time.monotonic()
     try:
         asyncio.run(run_demo(lambda text: click.echo(text), workdir=workdir))
-    except KubeDeviceError as exc:
+    except (KubeDeviceError, OSError) as exc:
         click.echo(f"demo failed: {exc}", err=True)
         sys.exit(1)
     click.echo(f"\ndemo finished in {time.monotonic() - start:.1f}s")
