@@ -260,3 +260,45 @@ def test_a_config_or_usage_error_exits_2_with_one_line(argv: list[str]) -> None:
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stderr.lower().lstrip().startswith(("error: ", "usage: ")), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _argparse_options() -> Iterator[tuple[str, str, str, str]]:
+    """(parser, flag, sentence, bracket) of the SDK's and the DRA kit's daemon parsers."""
+    import kubedevice
+    import kubedevice.dra as dra
+
+    for name, parser in (
+        ("kubedevice.argument_parser()", kubedevice.argument_parser()),
+        ("kubedevice.dra.argument_parser()", dra.argument_parser()),
+    ):
+        for action in parser._actions:
+            flag = max(action.option_strings, key=len, default="")
+            if not flag or flag == "--help":
+                continue
+            text = action.help or ""
+            m = BRACKET.search(text)
+            yield name, flag, text[: m.start()] if m else text, m.group("inside") if m else ""
+
+
+@pytest.mark.parametrize("option", list(_argparse_options()), ids=lambda o: f"{o[0]} {o[1]}")
+def test_the_sdk_and_dra_kit_parsers_speak_as_the_command(
+    option: tuple[str, str, str, str],
+) -> None:
+    """A plugin or driver built on the kit reads as the `kubedevice` command: a flag both
+    have has the same help sentence, and defaults and variables are in the same bracket."""
+    where, flag, sentence, inside = option
+    click_sentences = {
+        s
+        for _, o, s, _ in OPTIONS
+        if _flag(o) == flag and flag not in {"--log-format", "--log-level"}
+    }
+    if click_sentences:
+        assert click_sentences == {sentence}, (where, flag)
+    assert sentence.rstrip().endswith("."), (where, flag, sentence)
+    assert not re.search(r"\bdefault\b|\(env\b|\$[A-Z_]{3,}", sentence), (where, flag)
+    if flag not in {"--no-health", "--cleanup"}:
+        assert "default: " in inside, (where, flag)
+    for env, canonical in FLAG_OF_ENV.items():
+        if f"env var: {env}" in inside:
+            assert canonical == flag, (where, flag)
+            assert inside.startswith("env var: ")

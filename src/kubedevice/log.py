@@ -113,13 +113,13 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level",
         default=os.environ.get(ENV_LOG_LEVEL) or "info",
         choices=_LEVELS,
-        help=f"minimum level of log lines (env {ENV_LOG_LEVEL}; default info)",
+        help=f"Minimum level of log lines.  [env var: {ENV_LOG_LEVEL}; default: info]",
     )
     parser.add_argument(
         "--log-format",
         default=os.environ.get(ENV_LOG_FORMAT) or "text",
         choices=_FORMATS,
-        help=f"log line format (env {ENV_LOG_FORMAT}; default text)",
+        help=f"Log line format.  [env var: {ENV_LOG_FORMAT}; default: text]",
     )
 
 

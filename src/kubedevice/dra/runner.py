@@ -229,32 +229,47 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         epilog=f"Environment: {ENV_NODE_NAME}, {ENV_LOG_LEVEL} and {ENV_LOG_FORMAT} give the "
         "defaults of --node-name, --log-level and --log-format.",
     )
-    parser.add_argument("--driver-name", default=None, help="the driver's name (a DNS subdomain)")
+    # the help texts read as the `kubedevice` command's (tests/test_cli_help.py)
+    parser.add_argument(
+        "--driver-name",
+        default=None,
+        metavar="TEXT",
+        help="The DRA driver's name (a DNS subdomain): ResourceSlices, DeviceClass selectors "
+        "and CEL attribute domains use it.  [default: (the driver class's driver_name)]",
+    )
     parser.add_argument(
         "--node-name",
         default=None,
-        help=f"this node's name, also the pool's (default ${ENV_NODE_NAME})",
+        metavar="TEXT",
+        help="This node's name (also the pool's); a DRA driver cannot start without it. In a "
+        f"pod, set {ENV_NODE_NAME} from the downward API.  "
+        f"[env var: {ENV_NODE_NAME}; default: (none)]",
     )
     parser.add_argument(
         "--kubelet-dir",
         type=Path,
         default=DEFAULT_KUBELET_DIR,
-        help=f"the kubelet's root directory (default {DEFAULT_KUBELET_DIR})",
+        metavar="DIRECTORY",
+        help="The kubelet's --root-dir (its plugins_registry/ and plugins/).  "
+        f"[default: {DEFAULT_KUBELET_DIR}]",
     )
     parser.add_argument(
         "--cdi-dir",
         type=Path,
         default=DEFAULT_CDI_DIR,
-        help=f"where CDI specs are written (default {DEFAULT_CDI_DIR})",
+        metavar="DIRECTORY",
+        help=f"Where the CDI specs are written.  [default: {DEFAULT_CDI_DIR}]",
     )
     parser.add_argument(
         "--kubeconfig",
         type=Path,
         default=None,
-        help="a kubeconfig file (default: the in-cluster service account)",
+        metavar="FILE",
+        help="The kubeconfig file to reach the API server with.  "
+        "[default: (the in-cluster service account)]",
     )
     parser.add_argument(
-        "--no-health", action="store_true", help="do not serve the device health stream"
+        "--no-health", action="store_true", help="Do not serve the kubelet's health stream."
     )
     parser.add_argument(
         "--evict-on",
@@ -273,7 +288,8 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--cleanup",
         action="store_true",
-        help="remove this driver's ResourceSlices on this node and its CDI specs, then exit",
+        help="Remove this driver's ResourceSlices on this node and its CDI specs, then exit "
+        "(on uninstall).",
     )
     add_log_arguments(parser)
     return parser

@@ -151,14 +151,19 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         epilog=f"Environment: {ENV_DEVICE_PLUGIN_DIR}, {ENV_LOG_LEVEL} and {ENV_LOG_FORMAT} "
         "give the defaults of --device-plugin-dir, --log-level and --log-format.",
     )
+    # the help texts read as the `kubedevice` command's (tests/test_cli_help.py)
     parser.add_argument(
         "--device-plugin-dir",
         default=None,
-        help=f"kubelet device plugin directory (env {ENV_DEVICE_PLUGIN_DIR}; default "
-        "/var/lib/kubelet/device-plugins)",
+        metavar="DIRECTORY",
+        help="The kubelet's device-plugin directory (kubelet.sock and the plugins' sockets).  "
+        f"[env var: {ENV_DEVICE_PLUGIN_DIR}; default: /var/lib/kubelet/device-plugins/]",
     )
     parser.add_argument(
-        "--metrics-address", default=None, help="serve Prometheus metrics on HOST:PORT"
+        "--metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="Serve Prometheus metrics on this address.  [default: (off)]",
     )
     add_log_arguments(parser)
     return parser
