@@ -3,9 +3,9 @@
 The guide's YAML blocks are read from its text (so an edit there is what gets tested) and
 created without kubectl, the way its last section shows (the official client's
 ``create_from_yaml``), while the generic plugin and the generic DRA driver serve the guide's
-config (examples/fuse.yaml) on a fake /dev: the real scheduler places both pods, the real
-kubelet admits them, and the runtime receives /dev/fuse from the device plugin and the CDI
-device of the claim.
+config (examples/fuse.yaml) on a fake /dev, one after the other as the guide says (never
+both on one node): the real scheduler places both pods, the real kubelet admits them, and
+the runtime receives /dev/fuse from the device plugin, then the CDI device of the claim.
 """
 
 from __future__ import annotations
@@ -36,39 +36,47 @@ def _running(cluster: Cluster, ns: str, name: str) -> Any:
     return cluster.wait_running(ns, name, timeout=POD_TIMEOUT)
 
 
+def _create(cluster: Cluster, ns: str, block: str, path: Path) -> None:
+    """One YAML block as a user would: a file, created by the official client (no kubectl)."""
+    path.write_text(block)
+    utils.create_from_yaml(cluster.api, str(path), namespace=ns)
+
+
 def test_the_guide_s_pods_get_dev_fuse(
     cluster: Cluster, ns: str, generic_plugin: Callable[..., GenericDaemon], tmp_path: Path
 ) -> None:
     config = (ROOT / "examples" / "fuse.yaml").read_text()
     assert "kubedevice examples fuse.yaml" in DOC.read_text()
+    blocks = _blocks()
+    kinds = [[d["kind"] for d in yaml.safe_load_all(b) if d] for b in blocks]
+    assert kinds == [["Pod"], ["DeviceClass", "ResourceClaim", "Pod"]]
+
+    # step 3: the device plugin
     plugin = generic_plugin(config, start=False)
     plugin.host.add_char_device("/dev/fuse")
     plugin.start()
+    wait_for(
+        cluster.core.list_node,
+        lambda n: (n.status.allocatable or {}).get("example.com/fuse") == "110",
+        60,
+        "110 example.com/fuse allocatable",
+        field_selector=f"metadata.name={NODE}",
+    )
+    _create(cluster, ns, blocks[0], tmp_path / "fuse-user.yaml")
+    _running(cluster, ns, "fuse-user")
+    record = cluster.kubelet.created(ns, "fuse-user", "main")  # type: ignore[union-attr]
+    nodes = {d["container_path"]: d["host_path"] for d in record.get("devices") or []}
+    assert nodes == {"/dev/fuse": "/dev/fuse"}
+
+    # step 4: the pod deleted, the DRA driver in the plugin's place
+    delete_pod(cluster, ns, "fuse-user")
+    plugin.close()
     drv = GenericDra(cluster, config)
     drv.host.add_char_device("/dev/fuse")
     drv.start()
-    blocks = _blocks()
-    docs = [d for b in blocks for d in yaml.safe_load_all(b) if d]
-    assert [d["kind"] for d in docs] == ["Pod", "DeviceClass", "ResourceClaim", "Pod"]
     try:
-        wait_for(
-            cluster.core.list_node,
-            lambda n: (n.status.allocatable or {}).get("example.com/fuse") == "110",
-            60,
-            "110 example.com/fuse allocatable",
-            field_selector=f"metadata.name={NODE}",
-        )
         wait_slices(cluster, DRIVER, lambda n: len(n) == 110, "the 110 shares of /dev/fuse")
-        for i, block in enumerate(blocks):  # as a user would: one file per block
-            path = tmp_path / f"block{i}.yaml"
-            path.write_text(block)
-            utils.create_from_yaml(cluster.api, str(path), namespace=ns)
-
-        _running(cluster, ns, "fuse-user")
-        record = cluster.kubelet.created(ns, "fuse-user", "main")  # type: ignore[union-attr]
-        nodes = {d["container_path"]: d["host_path"] for d in record.get("devices") or []}
-        assert nodes == {"/dev/fuse": "/dev/fuse"}
-
+        _create(cluster, ns, blocks[1], tmp_path / "fuse-claim.yaml")
         _running(cluster, ns, "fuse-claimer")
         claim = resource_api(cluster).read_namespaced_resource_claim("one-fuse", ns)
         [result] = claim.status.allocation.devices.results
@@ -80,9 +88,8 @@ def test_the_guide_s_pods_get_dev_fuse(
         assert cdi_id == f"{spec['kind']}={device['name']}"
         assert [n["hostPath"] for n in device["containerEdits"]["deviceNodes"]] == ["/dev/fuse"]
     finally:
-        for name in ("fuse-user", "fuse-claimer"):
-            with contextlib.suppress(client.ApiException):
-                delete_pod(cluster, ns, name)
+        with contextlib.suppress(client.ApiException):
+            delete_pod(cluster, ns, "fuse-claimer")
         drv.wait_specs(lambda specs: not specs, "the claim's CDI spec removed")
         with contextlib.suppress(client.ApiException):
             resource_api(cluster).delete_device_class("fuse.example.com")
