@@ -59,8 +59,7 @@ def metrics_address_option() -> Callable[[F], F]:
         default=None,
         show_default="off",
         metavar="HOST:PORT",
-        help="Serve Prometheus /metrics on this address (a DRA driver: /healthz and /readyz "
-        "too).",
+        help="Serve Prometheus /metrics on this address (a DRA driver: /healthz and /readyz too).",
     )
 
 

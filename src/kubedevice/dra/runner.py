@@ -276,14 +276,16 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FAULT",
-        help="taint devices with this fault NoExecute, so pods using them are evicted "
-        "(xid, xid=79, gpu-lost, health-check, unhealthy, all; repeat or comma-separate)",
+        help="Taint devices with this fault NoExecute, so that the controller-manager evicts "
+        "the pods using them (xid, xid=79, gpu-lost, health-check, unhealthy, all; repeat or "
+        "comma-separate). Other faults: NoSchedule.",
     )
     parser.add_argument(
         "--metrics-address",
         default=None,
         metavar="HOST:PORT",
-        help="serve /metrics, /healthz and /readyz over HTTP here",
+        help="Serve Prometheus /metrics on this address (a DRA driver: /healthz and /readyz "
+        "too).  [default: (off)]",
     )
     parser.add_argument(
         "--cleanup",

@@ -163,7 +163,7 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--metrics-address",
         default=None,
         metavar="HOST:PORT",
-        help="Serve Prometheus metrics on this address.  [default: (off)]",
+        help="Serve Prometheus /metrics on this address.  [default: (off)]",
     )
     add_log_arguments(parser)
     return parser
