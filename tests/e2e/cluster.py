@@ -40,6 +40,8 @@ from kubernetes.client.rest import ApiException
 
 from kubedevice.ports import free_port
 
+from .runtime import Containerd, pod_logs_tmpfs, private_dev, real_pause
+
 NODE = "kd-node"
 #: Nodes a test may add with ``Cluster.add_node`` (each has a token and a kubeconfig).
 EXTRA_NODES = ("kd-node-2",)
@@ -366,10 +368,23 @@ class Kubelet:
     #: directory (fixed at /var/lib/kubelet/device-plugins): a second kubelet of the machine
     #: then never touches the first one's device plugins, nor they it
     private_mounts: bool = False
+    #: the real runtime (containerd) in place of kd-fakecri, when the cluster has one
+    containerd: Containerd | None = None
 
     @property
     def cri_socket(self) -> Path:
         return self.root / "cri.sock"
+
+    @property
+    def cri_endpoint(self) -> str:
+        if self.containerd is not None:
+            return self.containerd.endpoint
+        return f"unix://{self.cri_socket}"
+
+    def runtime_alive(self) -> bool:
+        if self.containerd is not None:
+            return self.containerd.alive()
+        return self.cri is not None and self.cri.alive()
 
     @property
     def record(self) -> Path:
@@ -404,6 +419,9 @@ class Kubelet:
 
     def start_runtime(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.containerd is not None:
+            self.containerd.up()
+            return
         name = "kd-fakecri" if self.node == NODE else f"kd-fakecri-{self.node}"
         self.cri = Process(
             name,
@@ -431,7 +449,7 @@ class Kubelet:
               webhook: {{enabled: false}}
               x509: {{clientCAFile: "{self.ca}"}}
             authorization: {{mode: AlwaysAllow}}
-            containerRuntimeEndpoint: unix://{self.cri_socket}
+            containerRuntimeEndpoint: {self.cri_endpoint}
             cgroupDriver: cgroupfs
             cgroupsPerQOS: false
             enforceNodeAllocatable: []
@@ -458,8 +476,9 @@ class Kubelet:
         return config
 
     def start(self) -> None:
-        """Start the kubelet process (kd-fakecri must be running); returns once /healthz is ok."""
-        if self.cri is None or not self.cri.alive():
+        """Start the kubelet process (and the runtime if it is not running); returns once
+        /healthz is ok."""
+        if not self.runtime_alive():
             self.start_runtime()
         config = self.write_config()
         prefix: list[str] = []
@@ -495,10 +514,16 @@ class Kubelet:
         if self.process is not None:
             self.process.stop()
 
-    def stop_all(self) -> None:
-        self.stop()
+    def stop_runtime(self) -> None:
+        """Stop the runtime: kd-fakecri, or every container, shim, mount and bridge of containerd."""
+        if self.containerd is not None:
+            self.containerd.down()
         if self.cri is not None:
             self.cri.stop()
+
+    def stop_all(self) -> None:
+        self.stop()
+        self.stop_runtime()
 
     def log_since_start(self) -> str:
         """The current kubelet process's log (the file holds every start's)."""
@@ -566,6 +591,20 @@ class Cluster:
     api: client.ApiClient | None = None
     #: kubelets of more nodes (``add_node``), by Node name
     nodes: dict[str, Kubelet] = field(default_factory=dict)
+    #: ``fakecri`` (kd-fakecri records what the kubelet asks) or ``containerd`` (real containers)
+    runtime: str = "fakecri"
+    #: the real runtime's scripts (``runtime/up.sh`` ...), for ``runtime="containerd"``
+    runtime_dir: Path | None = None
+    _pod_logs_mounted: bool = False
+
+    @property
+    def containerd(self) -> Containerd | None:
+        return self.kubelet.containerd if self.kubelet is not None else None
+
+    @property
+    def cdi_dir(self) -> Path | None:
+        """The CDI spec dir the runtime reads (containerd's); ``None`` on kd-fakecri."""
+        return self.containerd.cdi_dir if self.containerd is not None else None
 
     # -- paths
     @property
@@ -599,8 +638,15 @@ class Cluster:
 
     # -- life cycle
     @classmethod
-    def start(cls, bin_dir: Path, workdir: Path) -> Cluster:
-        c = cls(bin_dir, workdir)
+    def start(
+        cls,
+        bin_dir: Path,
+        workdir: Path,
+        *,
+        runtime: str = "fakecri",
+        runtime_dir: Path | None = None,
+    ) -> Cluster:
+        c = cls(bin_dir, workdir, runtime=runtime, runtime_dir=runtime_dir)
         try:
             c._start_control_plane()
             c._start_kubelet()
@@ -730,8 +776,15 @@ class Cluster:
             self.node_kubeconfig,
             self.pki / "ca.crt",
         )
+        if self.runtime == "containerd":
+            assert self.runtime_dir is not None
+            # the runtime lstat()s each device node: tests make theirs in a /dev of their own
+            private_dev(self.workdir)
+            self._pod_logs_mounted = pod_logs_tmpfs()
+            self.kubelet.containerd = Containerd(self.runtime_dir, self.workdir)
         self.kubelet.start_runtime()
-        self.procs["kd-fakecri"] = self.kubelet.cri  # type: ignore[assignment]
+        if self.kubelet.cri is not None:
+            self.procs["kd-fakecri"] = self.kubelet.cri
         self.kubelet.start()
         self.wait_node_ready()
 
@@ -789,6 +842,8 @@ class Cluster:
             if name in self.procs:
                 self.procs[name].stop()
         unmount_under(self.workdir)
+        if self._pod_logs_mounted:
+            subprocess.run(["umount", "-l", "/var/log/pods"], capture_output=True, check=False)
         if self.kubelet is not None:
             with contextlib.suppress(ClusterError):
                 clean_device_plugin_dir()
@@ -802,6 +857,8 @@ class Cluster:
         for name, kubelet in self.nodes.items():
             if kubelet.process is not None:
                 out[f"kubelet-{name}"] = kubelet.process.log
+        if self.containerd is not None:
+            out["containerd"] = self.containerd.log
         out.update(self.extra_logs)
         return out
 
@@ -878,6 +935,8 @@ class Cluster:
         return self.wait_node(match, timeout, f"{resource} {want}")
 
     def create_pod(self, namespace: str, manifest: dict[str, Any]) -> Any:
+        if self.runtime == "containerd":
+            manifest = real_pause(manifest)  # type: ignore[assignment]
         return self.core.create_namespaced_pod(namespace, manifest)
 
     def wait_pod(

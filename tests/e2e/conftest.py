@@ -27,6 +27,7 @@ from .cluster import (
     tail_since,
 )
 from .plugins import GenericDaemon, GpuDaemon
+from .runtime import HOW_TO_GET_RUNTIME, RUNTIMES, find_runtime, runtime_of
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -55,7 +56,15 @@ resources:
           example.com/e2e-ids: "{ids}"
 """
 
-_state: dict[str, Any] = {"cluster": None, "bin": None, "checked": False, "why": None}
+_state: dict[str, Any] = {
+    "cluster": None,
+    "bin": None,
+    "checked": False,
+    "why": None,
+    "runtime_dir": None,
+    "runtime_checked": False,
+    "runtime_why": None,
+}
 
 
 def _why_not() -> str | None:
@@ -77,30 +86,86 @@ def _why_not() -> str | None:
     return _state["why"]  # type: ignore[no-any-return]
 
 
+def _why_not_runtime() -> str | None:
+    """``None`` when the real runtime (containerd) can run here too; else why not."""
+    why = _why_not()
+    if why is not None:
+        return why
+    if not _state["runtime_checked"]:
+        _state["runtime_checked"] = True
+        found = find_runtime(REPO)
+        if found is None:
+            _state["runtime_why"] = HOW_TO_GET_RUNTIME
+        _state["runtime_dir"] = found
+    return _state["runtime_why"]  # type: ignore[no-any-return]
+
+
+def item_runtime(item: pytest.Item) -> str:
+    """The runtime a test runs on: containerd for those marked ``containerd``, else the
+    tier's default (``KUBEDEVICE_E2E_RUNTIME``, fakecri when unset)."""
+    if item.get_closest_marker("containerd") is not None:
+        return "containerd"
+    return runtime_of()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "containerd: runs on the real container runtime (containerd + runc), whatever "
+        "KUBEDEVICE_E2E_RUNTIME says",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ours = [item for item in items if HERE in Path(str(item.path)).parents]
     for item in ours:
         item.add_marker(pytest.mark.e2e)
+    # one cluster at a time (one device-plugin dir): the tests of the runtime the session does
+    # not start on come last, and the cluster is swapped once
+    first = runtime_of()
+    items.sort(key=lambda it: it in ours and item_runtime(it) != first)
     if not ours or config.option.collectonly:
         return
     selected = config.getoption("markexpr", "")
     if selected and "not e2e" in selected:
         return
-    why = _why_not()
-    if why is not None and not os.environ.get("CI"):
-        for item in ours:
+    if first not in RUNTIMES:
+        raise pytest.UsageError(
+            f"KUBEDEVICE_E2E_RUNTIME={first!r}: use one of {', '.join(RUNTIMES)}"
+        )
+    if os.environ.get("CI"):
+        return
+    for item in ours:
+        why = _why_not_runtime() if item_runtime(item) == "containerd" else _why_not()
+        if why is not None:
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    """etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kd-fakecri and a kubelet."""
-    why = _why_not()
+def _stop_cluster() -> None:
+    c: Cluster | None = _state["cluster"]
+    _state["cluster"] = None
+    if c is not None:
+        try:
+            c.stop()
+        finally:
+            shutil.rmtree(c.workdir, ignore_errors=True)
+
+
+def _cluster_on(runtime: str) -> Cluster:
+    """The session's cluster on ``runtime``: the running one, or (the first time, or when the
+    previous tests ran on the other runtime) a new one in place of it."""
+    c: Cluster | None = _state["cluster"]
+    if c is not None and c.runtime == runtime:
+        return c
+    why = _why_not_runtime() if runtime == "containerd" else _why_not()
     if why is not None:
         pytest.fail(f"CI is set: {why}", pytrace=False)
+    _stop_cluster()
     workdir = Path(tempfile.mkdtemp(prefix="kde-", dir="/tmp"))
     try:
-        c = Cluster.start(_state["bin"], workdir)
+        c = Cluster.start(
+            _state["bin"], workdir, runtime=runtime, runtime_dir=_state["runtime_dir"]
+        )
     except BaseException:
         logs = workdir / "logs"
         for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
@@ -108,12 +173,23 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     _state["cluster"] = c
+    return c
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cluster() -> Iterator[None]:
+    """Stops the session's cluster at the end."""
     try:
-        yield c
+        yield
     finally:
-        _state["cluster"] = None
-        c.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        _stop_cluster()
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    """etcd, kube-apiserver, kube-scheduler, kube-controller-manager, a runtime (kd-fakecri, or
+    containerd for tests marked ``containerd``) and a kubelet; one per session and runtime."""
+    return _cluster_on(item_runtime(request.node))
 
 
 @pytest.fixture
@@ -145,8 +221,14 @@ def generic_plugin(cluster: Cluster) -> Iterator[Callable[..., GenericDaemon]]:
     """
     made: list[GenericDaemon] = []
 
-    def make(config: str, *, start: bool = True, name: str = "generic-plugin") -> GenericDaemon:
-        d = GenericDaemon(cluster, config, name=name)
+    def make(
+        config: str,
+        *,
+        start: bool = True,
+        name: str = "generic-plugin",
+        dev_root: Path | None = None,
+    ) -> GenericDaemon:
+        d = GenericDaemon(cluster, config, name=name, dev_root=dev_root)
         made.append(d)
         if start:
             d.start()

@@ -92,7 +92,8 @@ class DraDriver:
         self.name = name
         self.driver = driver
         self.root = root
-        self.cdi_dir = root / "cdi"
+        # on the real runtime, the dir containerd reads (shared by every driver of the session)
+        self.cdi_dir = cluster.cdi_dir or root / "cdi"
         self.log = cluster.logs / f"{name}.log"
         self.process = Process(
             name,

@@ -106,7 +106,13 @@ class Daemon:
 class GenericDaemon(Daemon):
     """``kubedevice run --config CONFIG`` on a fake host; ``host`` adds and removes devices."""
 
-    def __init__(self, cluster: Cluster, config: str, name: str = "generic-plugin"):
+    def __init__(
+        self,
+        cluster: Cluster,
+        config: str,
+        name: str = "generic-plugin",
+        dev_root: Path | None = None,
+    ):
         self.root = Path(tempfile.mkdtemp(prefix="kdeg-", dir="/tmp"))
         self.host = FakeHost(self.root)
         self.config = self.root / "config.yaml"
@@ -115,7 +121,7 @@ class GenericDaemon(Daemon):
             cluster,
             name,
             ["run", "--config", str(self.config), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
-             "--dev-root", str(self.host.dev_root), "--sys-root", str(self.host.sys_root)],
+             "--dev-root", str(dev_root or self.host.dev_root), "--sys-root", str(self.host.sys_root)],
             [r["name"] for r in yaml.safe_load(config)["resources"]],
             self.root,
         )  # fmt: skip
@@ -143,7 +149,8 @@ class GpuDaemon(Daemon):
         self.control = self.root / "nvml.sock"
         self.config = self.root / "gpu.yaml"
         self.config.write_text(config)
-        self.cdi_dir = self.root / "cdi"
+        # on the real runtime, the dir containerd reads (it resolves the plugin's CDI names)
+        self.cdi_dir = cluster.cdi_dir or self.root / "cdi"
         pod_resources = cluster.kubelet.pod_resources_socket if cluster.kubelet else ""
         super().__init__(
             cluster,
