@@ -133,8 +133,9 @@ class DraDriver:
         """The CDI spec files in the driver's CDI dir, by name (JSON)."""
         if not self.cdi_dir.is_dir():
             return {}
+        # this driver's (the dir may be the runtime's, shared with other drivers)
         out = {}
-        for p in sorted(self.cdi_dir.glob("*.json")):
+        for p in sorted(self.cdi_dir.glob(f"k8s.{self.driver}-claim_*.json")):
             with contextlib.suppress(FileNotFoundError):  # removed since listed: unprepared
                 out[p.name] = json.loads(p.read_text())
         return out
@@ -201,6 +202,7 @@ class GenericDra(DraDriver):
         driver: str = "dev.kubedevice.io",
         name: str = "dev-dra",
         extra: tuple[str, ...] = (),
+        dev_root: Path | None = None,
     ) -> None:
         root = Path(tempfile.mkdtemp(prefix="kddd-", dir="/tmp"))
         self.host = FakeHost(root / "host")
@@ -210,8 +212,8 @@ class GenericDra(DraDriver):
             name,
             driver,
             ["run", "--dra", "--config", str(root / "config.yaml"),
-             "--dev-root", str(self.host.dev_root), "--sys-root", str(self.host.sys_root),
-             *extra],
+             "--dev-root", str(dev_root or self.host.dev_root),
+             "--sys-root", str(self.host.sys_root), *extra],
             root,
             None,
         )  # fmt: skip

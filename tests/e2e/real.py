@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, pod_manifest
+from .cluster import Cluster, pod_manifest, poll_until
 from .runtime import SHOW, busybox, container_output, mknod_char, parse_show
 
 #: where the generic plugin's real nodes are made (in the tier's private /dev)
@@ -135,3 +135,42 @@ def real_nvidia_nodes(dev_nodes: tuple[str, ...] | list[str]) -> Iterator[dict[s
         for node in numbers:
             with contextlib.suppress(FileNotFoundError):
                 Path(node).unlink()
+
+
+def claim_show_pod(
+    name: str, *, template: str | None = None, claim: str | None = None, extra: str = ""
+) -> dict[str, Any]:
+    """``show_pod`` using one claim (``dev``) from ``template`` or the existing ``claim``; it
+    keeps running (holding the claim) after printing."""
+    m = show_pod(name, claims=["dev"], extra=extra, keep_running=True)
+    ref: dict[str, Any] = {"name": "dev"}
+    if template is not None:
+        ref["resourceClaimTemplateName"] = template
+    else:
+        ref["resourceClaimName"] = claim
+    m["spec"]["resourceClaims"] = [ref]
+    return m
+
+
+def shown(cluster: Cluster, ns: str, name: str, timeout: float = 150) -> Seen:
+    """Wait until the pod runs and its container has printed what it sees (it then sleeps)."""
+    pod = cluster.wait_running(ns, name, timeout)
+
+    def printed() -> bool:
+        out = container_output(ns, name, pod.metadata.uid, "main")
+        return "SHOWN" in out.splitlines()
+
+    poll_until(f"{ns}/{name} printed what it sees", printed, 30)
+    return seen(ns, pod)
+
+
+def run_holding(
+    cluster: Cluster, ns: str, manifests: list[dict[str, Any]], timeout: float = 150
+) -> dict[str, Seen]:
+    """Create the pods at once, then wait until each runs and has printed what it sees."""
+    for m in manifests:
+        cluster.create_pod(ns, m)
+    return {
+        m["metadata"]["name"]: shown(cluster, ns, m["metadata"]["name"], timeout)
+        for m in manifests
+    }
