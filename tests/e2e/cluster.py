@@ -515,7 +515,8 @@ class Kubelet:
             self.process.stop()
 
     def stop_runtime(self) -> None:
-        """Stop the runtime: kd-fakecri, or every container, shim, mount and bridge of containerd."""
+        """Stop the runtime: kd-fakecri, or containerd with every container, shim, mount and
+        bridge it made."""
         if self.containerd is not None:
             self.containerd.down()
         if self.cri is not None:

@@ -151,7 +151,7 @@ def _stop_cluster() -> None:
             shutil.rmtree(c.workdir, ignore_errors=True)
 
 
-def _cluster_on(runtime: str) -> Cluster:
+def cluster_on(runtime: str) -> Cluster:
     """The session's cluster on ``runtime``: the running one, or (the first time, or when the
     previous tests ran on the other runtime) a new one in place of it."""
     c: Cluster | None = _state["cluster"]
@@ -189,7 +189,7 @@ def _session_cluster() -> Iterator[None]:
 def cluster(request: pytest.FixtureRequest) -> Cluster:
     """etcd, kube-apiserver, kube-scheduler, kube-controller-manager, a runtime (kd-fakecri, or
     containerd for tests marked ``containerd``) and a kubelet; one per session and runtime."""
-    return _cluster_on(item_runtime(request.node))
+    return cluster_on(item_runtime(request.node))
 
 
 @pytest.fixture

@@ -121,7 +121,8 @@ class GenericDaemon(Daemon):
             cluster,
             name,
             ["run", "--config", str(self.config), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
-             "--dev-root", str(dev_root or self.host.dev_root), "--sys-root", str(self.host.sys_root)],
+             "--dev-root", str(dev_root or self.host.dev_root),
+             "--sys-root", str(self.host.sys_root)],
             [r["name"] for r in yaml.safe_load(config)["resources"]],
             self.root,
         )  # fmt: skip

@@ -45,6 +45,8 @@ class Seen:
     output: str
     devices: dict[str, tuple[int, int]]
     env: dict[str, str]
+    #: the start's token (a pod that keeps running prints one after what it saw)
+    token: str = ""
 
     def under(self, prefix: str) -> dict[str, tuple[int, int]]:
         return {p: mm for p, mm in self.devices.items() if p.startswith(prefix)}
@@ -61,8 +63,8 @@ def show_pod(
     """A pod whose container prints what it sees (``SHOW``, then ``extra``'s output) and ends;
     with ``keep_running``, it then sleeps (a pod that holds its devices)."""
     script = f"{SHOW}; {extra}" if extra else SHOW
-    if keep_running:
-        script += "; echo SHOWN; exec sleep 100000"
+    if keep_running:  # one token per start: a restarted container's lines are told apart
+        script += "; echo SHOWN $(cat /proc/sys/kernel/random/uuid); exec sleep 100000"
     m = pod_manifest(name, containers=[busybox("main", script, limits, claims)])
     m["spec"]["restartPolicy"] = "Always" if keep_running else "Never"
     return m
@@ -81,9 +83,17 @@ def finished(cluster: Cluster, ns: str, name: str, timeout: float = 60) -> Seen:
 
 
 def seen(ns: str, pod: Any, phase: str = "Running") -> Seen:
+    """What the pod's container printed (of a pod that keeps running: its last start's)."""
     out = container_output(ns, pod.metadata.name, pod.metadata.uid, "main")
+    lines = out.splitlines()
+    marks = [i for i, ln in enumerate(lines) if ln.startswith("SHOWN ")]
+    token = ""
+    if marks:
+        start = marks[-2] + 1 if len(marks) > 1 else 0
+        token = lines[marks[-1]].split()[1]
+        out = "\n".join(lines[start : marks[-1]])
     devices, env = parse_show(out)
-    return Seen(phase, out, devices, env)
+    return Seen(phase, out, devices, env, token)
 
 
 def run_all(cluster: Cluster, ns: str, manifests: list[dict[str, Any]]) -> dict[str, Seen]:
@@ -124,7 +134,9 @@ def nvidia_numbers(dev_nodes: tuple[str, ...] | list[str]) -> dict[str, tuple[in
 
 
 @contextlib.contextmanager
-def real_nvidia_nodes(dev_nodes: tuple[str, ...] | list[str]) -> Iterator[dict[str, tuple[int, int]]]:
+def real_nvidia_nodes(
+    dev_nodes: tuple[str, ...] | list[str],
+) -> Iterator[dict[str, tuple[int, int]]]:
     """The fake machine's ``/dev/nvidia*`` as real char nodes in the tier's private /dev."""
     numbers = nvidia_numbers(dev_nodes)
     try:
@@ -158,7 +170,7 @@ def shown(cluster: Cluster, ns: str, name: str, timeout: float = 150) -> Seen:
 
     def printed() -> bool:
         out = container_output(ns, name, pod.metadata.uid, "main")
-        return "SHOWN" in out.splitlines()
+        return any(ln.startswith("SHOWN ") for ln in out.splitlines())
 
     poll_until(f"{ns}/{name} printed what it sees", printed, 30)
     return seen(ns, pod)
@@ -171,6 +183,5 @@ def run_holding(
     for m in manifests:
         cluster.create_pod(ns, m)
     return {
-        m["metadata"]["name"]: shown(cluster, ns, m["metadata"]["name"], timeout)
-        for m in manifests
+        m["metadata"]["name"]: shown(cluster, ns, m["metadata"]["name"], timeout) for m in manifests
     }

@@ -95,7 +95,8 @@ def test_claims_reach_the_container_and_their_specs_go_with_the_pods(
 
                 # one claim, two pods: the same single GPU in both, prepared once
                 a, b = _gpu_nodes(got["share-a"].devices), _gpu_nodes(got["share-b"].devices)
-                assert a == b and len(a) == 1, (got["share-a"].output, got["share-b"].output)
+                assert a == b, (got["share-a"].output, got["share-b"].output)
+                assert len(a) == 1
                 assert not set(a) & want
                 assert log_count(gpu.log, PREPARED) == 2  # two-gpus and shared
                 assert len(gpu.cdi_specs()) == 2

@@ -59,7 +59,8 @@ def test_generic_and_gpu_pods_see_exactly_their_nodes_env_and_mounts(
     two = got["two-gpus"]
     assert two.phase == "Succeeded", two.output
     visible = two.env["NVIDIA_VISIBLE_DEVICES"].split(",")
-    assert len(visible) == 2 and set(visible) <= set(gpus.uuids), two.output
+    assert len(visible) == 2, two.output
+    assert set(visible) <= set(gpus.uuids)
     assert gpus.nvlinks(*visible) == 18  # the NVLink pair the plugin prefers
     want = {f"/dev/nvidia{gpus.uuids.index(u)}" for u in visible}
     gpu_nodes = {p for p in two.under("/dev/nvidia") if p[len("/dev/nvidia") :].isdigit()}
@@ -69,9 +70,7 @@ def test_generic_and_gpu_pods_see_exactly_their_nodes_env_and_mounts(
     assert not two.under("/dev/kde2e/"), two.output
 
 
-def test_cdi_cri_names_are_resolved_by_the_runtime(
-    cluster: Cluster, ns: str, gpu_plugin
-) -> None:
+def test_cdi_cri_names_are_resolved_by_the_runtime(cluster: Cluster, ns: str, gpu_plugin) -> None:
     gpus = gpu_plugin(CDI_CRI, start=False)
     assert gpus.cdi_dir == cluster.cdi_dir  # the spec goes where containerd reads
     with real_nvidia_nodes(gpus.nvml.machine.dev_nodes) as nvidia:
