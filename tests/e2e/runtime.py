@@ -167,6 +167,7 @@ def private_dev(scratch: Path) -> None:
         if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             os.mknod(dst, st.st_mode, st.st_rdev)
             os.chown(dst, st.st_uid, st.st_gid)
+            os.chmod(dst, stat.S_IMODE(st.st_mode))  # not the umask's (/dev/null: 0666)
         elif stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(src), dst)
         elif stat.S_ISDIR(st.st_mode):
@@ -174,6 +175,10 @@ def private_dev(scratch: Path) -> None:
             _mount("--rbind", str(src), str(dst))
         # sockets and files in /dev (none that matter here) are left out
     Path("/dev/.kd-e2e-private").touch()
+    # a volume mounted with HostToContainer propagation (the chart's /dev and /sys) needs a
+    # shared or slave source ("... is not a shared or slave mount"): shared within this
+    # namespace only (it was made private from the machine's)
+    _mount("--make-rshared", "/")
 
 
 def pod_logs_tmpfs() -> bool:
@@ -191,6 +196,7 @@ def mknod_char(path: Path, major: int, minor: int) -> Path:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    os.chmod(path, 0o666)
     return path
 
 
