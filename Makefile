@@ -12,7 +12,7 @@ BIN    := $(VENV)/bin
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
 
-.PHONY: setup setup-runtime demo test lint typecheck unit e2e proto bench fmt clean
+.PHONY: setup setup-runtime demo test lint typecheck unit e2e image-tar proto bench fmt clean
 
 setup: $(DEV_STAMP)
 
@@ -46,9 +46,15 @@ unit: setup
 	$(BIN)/pytest -q -m "not e2e"
 
 # The end-to-end tier on a real kube-apiserver, scheduler, controller-manager and kubelet
-# (tests/e2e/README.md): in a private mount namespace when it can, see scripts/e2e.
+# (tests/e2e/README.md): in a private mount namespace when it can, see scripts/e2e. Tests on
+# kd-fakecri first, then those marked containerd on the real runtime (containerd + runc).
 e2e: setup
 	PYTEST=$(BIN)/pytest scripts/e2e
+
+# The project's image from the Dockerfile's steps, without Docker or a registry (as root:
+# mmdebstrap, pip, chroot; scripts/build_image.py): import it with ctr -n k8s.io images import.
+image-tar: setup
+	PYTHON=$(BIN)/python scripts/build-image --out kubedevice-image.tar --tag kubedevice:0.1.0
 
 proto: setup
 	$(BIN)/python scripts/genproto.py

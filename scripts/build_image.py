@@ -171,10 +171,14 @@ def base_tar(p: Plan) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = tar.with_suffix(f".tmp{os.getpid()}.tar")  # mmdebstrap: a tar by its name
     t0 = time.monotonic()
-    _run(
-        ["mmdebstrap", "--quiet", "--variant=essential", f"--include={','.join(BASE_PACKAGES)}",
-         "--mode=root", p.suite, str(tmp), MIRROR]
-    )  # fmt: skip
+    try:
+        _run(
+            ["mmdebstrap", "--quiet", "--variant=essential", f"--include={','.join(BASE_PACKAGES)}",
+             "--mode=root", p.suite, str(tmp), MIRROR]
+        )  # fmt: skip
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.rename(tar)
     _log(f"base {p.suite} + {' '.join(BASE_PACKAGES)}: {time.monotonic() - t0:.0f} s -> {tar}")
     return tar
