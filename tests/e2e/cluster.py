@@ -550,7 +550,12 @@ class Kubelet:
         poll_until(f"the kubelet to have {healthy} Healthy {resource}", seen, timeout)
 
     def records(self) -> list[dict[str, Any]]:
-        """Every CreateContainer the runtime got, oldest first."""
+        """Every CreateContainer the runtime got, oldest first (kd-fakecri's record)."""
+        if self.containerd is not None:
+            raise ClusterError(
+                "no CreateContainer record on containerd (only kd-fakecri keeps one): read "
+                "what the container saw instead (tests/e2e/real.py)"
+            )
         if not self.record.exists():
             return []
         return [json.loads(line) for line in self.record.read_text().splitlines() if line.strip()]
