@@ -28,10 +28,14 @@ __all__ = [
     "DriverInfo",
     "EventKind",
     "GpuInfo",
+    "GpuInstance",
+    "GpuInstanceProfile",
     "GpuSample",
     "HealthEvent",
     "Link",
     "MigDeviceInfo",
+    "MigPartitioning",
+    "MigPlacement",
     "NvmlBackend",
     "P2PLevel",
     "ProcessSample",
@@ -115,6 +119,60 @@ class MigDeviceInfo:
     memory_total: int  # bytes
     # Minors of /dev/nvidia-caps/nvidia-cap<N> giving access to this GI and CI.
     cap_minors: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MigPlacement:
+    """Where a GPU instance sits on its GPU: memory slices ``start`` .. ``start+size-1``.
+
+    NVML's ``nvmlGpuInstancePlacement_t``, as ``nvmlDeviceGetGpuInstancePossiblePlacements``
+    reports it (an H100's 3g profile: ``{0,4}`` and ``{4,4}``).
+    """
+
+    start: int
+    size: int
+
+    @property
+    def memory_slices(self) -> range:
+        """The memory slices it occupies."""
+        return range(self.start, self.start + self.size)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceProfile:
+    """A GPU instance profile of a MIG-capable GPU and where it may be placed.
+
+    Attributes:
+        id: The profile ID NVML's create call takes (``nvmlGpuInstanceProfileInfo_t.id``,
+            as ``nvidia-smi mig -lgip`` lists it: on an H100 19 = 1g, 20 = 1g+me, 15 = 1g
+            with twice the memory, 14 = 2g, 9 = 3g, 5 = 4g, 0 = 7g).
+        name: Canonical name without ``mig-``: ``1g.10gb``, ``1g.10gb+me``, ``3g.40gb``.
+        slices: Compute slices (the ``<n>g``).
+        memory_mib: Memory of one instance.
+        placements: Every placement NVML reports as possible, in order.
+        media_extensions: Whether it takes the GPU's one set of media extensions (OFA).
+        compute_profile: The ``NVML_COMPUTE_INSTANCE_PROFILE_*`` of a compute instance
+            that takes the whole GPU instance.
+    """
+
+    id: int
+    name: str
+    slices: int
+    memory_mib: int
+    placements: tuple[MigPlacement, ...]
+    media_extensions: bool = False
+    compute_profile: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstance:
+    """A GPU instance that exists on a GPU, with its compute instance(s) as MIG devices."""
+
+    gpu_uuid: str
+    gi_id: int
+    profile_id: int
+    placement: MigPlacement
+    devices: tuple[MigDeviceInfo, ...] = ()
 
 
 class P2PLevel(enum.IntEnum):
@@ -255,5 +313,48 @@ class TimeSliceControl(Protocol):
 
         Raises:
             NvmlError: the GPU does not answer or refuses.
+        """
+        ...
+
+
+@runtime_checkable
+class MigPartitioning(Protocol):
+    """A backend that creates and destroys MIG devices (optional; both backends can).
+
+    A MIG device made here is one GPU instance at a placement with one compute instance
+    taking all of it. The GPU must be in MIG mode.
+    """
+
+    def gpu_instance_profiles(self, gpu_uuid: str) -> list[GpuInstanceProfile]:
+        """The GPU's instance profiles and their possible placements (empty: no MIG).
+
+        Raises:
+            NvmlError: the GPU does not answer.
+        """
+        ...
+
+    def gpu_instances(self, gpu_uuid: str) -> list[GpuInstance]:
+        """The GPU instances that exist now on the GPU (empty when MIG is off)."""
+        ...
+
+    def create_mig_device(
+        self, gpu_uuid: str, profile_id: int, placement: MigPlacement
+    ) -> MigDeviceInfo:
+        """Create a GPU instance at ``placement`` and a compute instance taking all of it.
+
+        Raises:
+            NvmlError: ``InsufficientResources`` when the placement overlaps an instance
+                (or the profile's units are taken), ``InvalidArgument`` for a placement
+                the profile does not have, ``NotSupported`` without MIG mode. Nothing is
+                left behind on failure.
+        """
+        ...
+
+    def destroy_mig_device(self, gpu_uuid: str, gi_id: int) -> None:
+        """Destroy a GPU instance and its compute instances.
+
+        Raises:
+            NvmlError: ``NotFound`` when there is no such instance, ``InUse`` when a
+                process still uses it.
         """
         ...

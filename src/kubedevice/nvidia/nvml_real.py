@@ -49,6 +49,7 @@ from kubedevice.nvidia.backend import (
     P2PLevel,
     ProcessSample,
 )
+from kubedevice.nvidia.nvml_mig import RealMigPartitioning
 
 __all__ = ["RealNvml", "mig_profile_name"]
 
@@ -102,8 +103,11 @@ def _sysfs_bus_id(bus_id: str) -> str:
     return f"{domain}{sep}{rest}"
 
 
-class RealNvml:
-    """An :class:`~kubedevice.nvidia.backend.NvmlBackend` on the NVIDIA driver's NVML."""
+class RealNvml(RealMigPartitioning):
+    """An :class:`~kubedevice.nvidia.backend.NvmlBackend` on the NVIDIA driver's NVML.
+
+    Also :class:`~kubedevice.nvidia.backend.MigPartitioning` (:mod:`.nvml_mig`).
+    """
 
     def __init__(
         self,

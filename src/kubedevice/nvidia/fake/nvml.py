@@ -41,10 +41,13 @@ from kubedevice.nvidia.backend import (
     DriverInfo,
     EventKind,
     GpuInfo,
+    GpuInstance,
+    GpuInstanceProfile,
     GpuSample,
     HealthEvent,
     Link,
     MigDeviceInfo,
+    MigPlacement,
     ProcessSample,
 )
 from kubedevice.nvidia.fake.control import (
@@ -65,6 +68,7 @@ from kubedevice.nvidia.fake.machine import (
     machine_names,
     resolve_machine_path,
 )
+from kubedevice.nvidia.fake.partitions import STATE_ENV, FakePartitions, profiles_for
 from kubedevice.plugin.paths import inside
 
 __all__ = [
@@ -100,6 +104,7 @@ class FakeNvml:
         *,
         control_socket: str | Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        state_file: str | Path | None = None,
     ) -> None:
         self.machine = machine
         env = os.environ.get(CONTROL_ENV)
@@ -109,6 +114,11 @@ class FakeNvml:
         self._lock = threading.Lock()
         self._gpus = {g.info.uuid: g for g in machine.gpus}
         self._mig_parent = {m.uuid: g.info.uuid for g in machine.gpus for m in g.mig}
+        state = state_file or os.environ.get(STATE_ENV)
+        #: The MIG devices made by :meth:`create_mig_device` (kept in ``state`` if given).
+        self.partitions = FakePartitions(
+            {g.info.uuid: g.info for g in machine.gpus}, Path(state) if state else None
+        )
         self._initialised = False
         self._t0 = 0.0
         self._lost: set[str] = set()
@@ -156,7 +166,35 @@ class FakeNvml:
     def mig_devices(self, gpu_uuid: str) -> list[MigDeviceInfo]:
         """The GPU's MIG devices (empty when MIG is off)."""
         gpu = self._gpu(gpu_uuid)
-        return list(gpu.mig) if gpu.info.mig_enabled else []
+        if not gpu.info.mig_enabled:
+            return []
+        return [*gpu.mig, *self.partitions.devices(gpu_uuid)]
+
+    # ---- MigPartitioning
+
+    def gpu_instance_profiles(self, gpu_uuid: str) -> list[GpuInstanceProfile]:
+        """The GPU's instance profiles (an H100 80GB's or an H200's; none for others)."""
+        return list(profiles_for(self._gpu(gpu_uuid).info))
+
+    def gpu_instances(self, gpu_uuid: str) -> list[GpuInstance]:
+        """The GPU instances made on the GPU (a machine file's MIG devices are not)."""
+        gpu = self._gpu(gpu_uuid)
+        return self.partitions.instances(gpu_uuid) if gpu.info.mig_enabled else []
+
+    def create_mig_device(
+        self, gpu_uuid: str, profile_id: int, placement: MigPlacement
+    ) -> MigDeviceInfo:
+        """Create a GPU instance and its compute instance (NVML's placement rules)."""
+        gpu = self._gpu(gpu_uuid)
+        return self.partitions.create(gpu_uuid, profile_id, placement, len(gpu.mig))
+
+    def destroy_mig_device(self, gpu_uuid: str, gi_id: int) -> None:
+        """Destroy a GPU instance made by :meth:`create_mig_device`."""
+        self._gpu(gpu_uuid)
+        self.partitions.destroy(gpu_uuid, gi_id)
+
+    def _parent_of(self, uuid: str) -> str:
+        return self._mig_parent.get(uuid) or self.partitions.parent_of(uuid) or uuid
 
     def link(self, uuid_a: str, uuid_b: str) -> Link | None:
         """The link between two GPUs; ``None`` for a recording (NVML answered NotSupported)."""
@@ -172,6 +210,10 @@ class FakeNvml:
             parent = self._gpu(self._mig_parent[uuid])
             mig = next(m for m in parent.mig if m.uuid == uuid)
             return GpuSample(memory_total=mig.memory_total)
+        made = self.partitions.device(uuid)
+        if made is not None:
+            self._gpu(made.parent_uuid)
+            return GpuSample(memory_total=made.memory_total)
         gpu = self._gpu(uuid)
         current = gpu.sample
         if gpu.timeline:
@@ -183,7 +225,7 @@ class FakeNvml:
 
     def probe(self, uuid: str) -> None:
         """Raise ``GpuIsLost`` if the GPU (or a MIG device's parent) is lost."""
-        self._gpu(self._mig_parent.get(uuid, uuid))
+        self._gpu(self._parent_of(uuid))
 
     def watch(self, uuids: list[str]) -> None:
         """Register events for these GPUs (a MIG UUID stands for its parent GPU).
@@ -194,7 +236,7 @@ class FakeNvml:
         lost_now: list[str] = []
         with self._lock:
             self._watched = set()
-            for u in dict.fromkeys(self._mig_parent.get(u, u) for u in uuids):
+            for u in dict.fromkeys(self._parent_of(u) for u in uuids):
                 gpu = self._gpus.get(u)
                 if gpu is None:
                     raise NvmlError("NotFound", "no such GPU", u)
@@ -254,7 +296,7 @@ class FakeNvml:
     def inject(self, event: HealthEvent) -> None:
         """Deliver a health event, as NVML would: dropped unless its GPU is watched."""
         with self._lock:
-            parent = self._mig_parent.get(event.uuid, event.uuid)
+            parent = self._parent_of(event.uuid)
             if parent not in self._gpus:
                 raise NvmlError("NotFound", "no such GPU or MIG device", event.uuid)
             if parent not in self._watched:
