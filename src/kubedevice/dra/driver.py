@@ -11,7 +11,7 @@ import abc
 from collections.abc import AsyncIterator, Sequence
 from typing import ClassVar
 
-from kubedevice.dra.types import Claim, Device, PreparedClaim, PreparedDevice
+from kubedevice.dra.types import Claim, CounterSet, Device, PreparedClaim, PreparedDevice
 from kubedevice.errors import ClaimError
 
 __all__ = ["Driver"]
@@ -37,6 +37,14 @@ class Driver(abc.ABC):
         Each snapshot replaces the previous one: the kit republishes the ResourceSlices
         and sends the health stream. Names must be unique in a snapshot.
         """
+
+    def counter_sets(self) -> Sequence[CounterSet]:
+        """The counter sets the devices consume from (:attr:`Device.consumes_counters`).
+
+        Read with every :meth:`devices` snapshot and published with it, in ResourceSlices
+        of their own. The default is none.
+        """
+        return ()
 
     async def prepare(self, claim: Claim) -> Sequence[PreparedDevice]:
         """Prepare ``claim``'s devices on this node; return what each device's containers get.

@@ -30,6 +30,7 @@ from kubedevice._api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from kubedevice._api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubedevice.dra.cdi import CdiWriter
 from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.counters import check_counters
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.health import HealthService
 from kubedevice.dra.kube import KubeClient
@@ -42,7 +43,7 @@ from kubedevice.dra.sockets import UnixGrpcServer
 from kubedevice.dra.status import ClaimStatusWriter
 from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import Device, Health
-from kubedevice.errors import KubeDeviceError
+from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
 if TYPE_CHECKING:
@@ -224,11 +225,17 @@ class DriverServer:
                 duplicates = sorted({n for n in names if names.count(n) > 1})
                 log.error("device list ignored: duplicate device names %s", duplicates)
                 continue
+            counter_sets = tuple(self.driver.counter_sets())
+            try:
+                check_counters(devices, counter_sets)
+            except ConfigError as exc:
+                log.error("device list ignored: %s", exc)
+                continue
             self._devices = MappingProxyType({d.name: d for d in devices})
             healthy = sum(d.health == Health.HEALTHY for d in devices)
             log.info("%d devices (%d healthy)", len(devices), healthy)
             if self.publisher is not None:
-                self.publisher.update(devices)
+                self.publisher.update(devices, counter_sets)
             await self.health.update(devices)
             if self.status is not None:
                 self.status.devices_changed(devices)

@@ -25,9 +25,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
+from kubedevice.dra import counters
 from kubedevice.dra.kube import KubeClient
 from kubedevice.dra.taints import TaintPolicy
-from kubedevice.dra.types import Device, Health, Version
+from kubedevice.dra.types import CounterSet, Device, Health, Version
 from kubedevice.errors import KubeApiError
 from kubedevice.plugin.registration import Backoff
 
@@ -66,6 +67,8 @@ def device_object(device: Device, taints: TaintPolicy | None = None) -> dict[str
         out["attributes"] = {key: _attribute(v) for key, v in device.attributes.items()}
     if device.capacity:
         out["capacity"] = {key: {"value": str(v)} for key, v in device.capacity.items()}
+    if device.consumes_counters:
+        out["consumesCounters"] = counters.consumption_objects(device)
     if taints is not None and device.health != Health.HEALTHY:
         out["taints"] = taints.taints(device)
     return out
@@ -73,12 +76,12 @@ def device_object(device: Device, taints: TaintPolicy | None = None) -> dict[str
 
 def _chunks(devices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """``devices`` in slice-sized runs, in order: at most 128 to a slice, or 64 in a slice
-    that has a tainted device (the API server's limits)."""
+    that has a tainted device or one that consumes counters (the API server's limits)."""
     chunks: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []
     tainted = False
     for device in devices:
-        taints = bool(device.get("taints"))
+        taints = bool(device.get("taints") or device.get("consumesCounters"))
         limit = MAX_TAINTED_DEVICES_PER_SLICE if tainted or taints else MAX_DEVICES_PER_SLICE
         if len(current) >= limit:
             chunks.append(current)
@@ -124,7 +127,7 @@ def _keep_times(chunk: list[dict[str, Any]], current: dict[str, Any] | None) -> 
 
 def _taints_dropped(sent: dict[str, Any], stored: dict[str, Any]) -> bool:
     """Whether the API server stored ``sent`` without the taints it carried."""
-    wanted = {d["name"] for d in sent["spec"]["devices"] if d.get("taints")}
+    wanted = {d["name"] for d in sent["spec"].get("devices") or [] if d.get("taints")}
     if not wanted:
         return False
     kept = {d.get("name") for d in stored.get("spec", {}).get("devices") or [] if d.get("taints")}
@@ -163,6 +166,10 @@ class SlicePublisher:
         #: Unhealthy devices are published tainted until the API server is seen dropping
         #: the taints; then they are left out.
         self.taints_supported = True
+        #: Counter sets and consumptions are published until the API server is seen
+        #: dropping them (see :mod:`kubedevice.dra.counters`); then devices go without.
+        self.counters_supported = True
+        self._counter_sets: tuple[CounterSet, ...] = ()
         self.generation = 0
         self.writes = 0  # slices created, replaced or deleted (for benchmarks and tests)
         self._devices: tuple[Device, ...] = ()
@@ -176,9 +183,10 @@ class SlicePublisher:
         self.resync_s = RESYNC_S
         self._settle_until = 0.0
 
-    def update(self, devices: Sequence[Device]) -> None:
-        """New devices: publish them (soon, from :meth:`run`)."""
+    def update(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
+        """New devices (and the counter sets they consume from): publish them soon."""
         self._devices = tuple(devices)
+        self._counter_sets = tuple(counter_sets)
         self._published.clear()
         self._dirty.set()
 
@@ -247,7 +255,12 @@ class SlicePublisher:
             published = [device_object(d, self.taints) for d in devices]
         else:
             published = [device_object(d) for d in devices if d.health == Health.HEALTHY]
-        chunks = _chunks(published)
+        sets = [counters.counter_set_object(c) for c in self._counter_sets]
+        if not self.counters_supported:
+            published, sets = [counters.without_counters(d) for d in published], []
+        chunks: list[dict[str, Any]] = [
+            {"sharedCounters": c} for c in counters.counter_set_chunks(sets)
+        ] + [{"devices": c} for c in _chunks(published)]
         wanted = {slice_name(self.driver, self.node, i): c for i, c in enumerate(chunks)}
         generations = [
             int(s.get("spec", {}).get("pool", {}).get("generation", 0)) for s in existing.values()
@@ -257,10 +270,10 @@ class SlicePublisher:
             log.debug("ResourceSlices up to date (generation %d)", self.generation)
             return
         self.generation = max([self.generation, *generations]) + 1
-        dropped = False
+        dropped = counters_gone = False
         for name, chunk in wanted.items():
             current = existing.get(name)
-            _keep_times(chunk, current)
+            _keep_times(chunk.get("devices", []), current)
             body = self._slice(name, chunk, len(wanted))
             if current is None:
                 stored = await asyncio.to_thread(self.kube.create_slice, body)
@@ -269,11 +282,21 @@ class SlicePublisher:
                 stored = await asyncio.to_thread(self.kube.replace_slice, body)
             self.writes += 1
             dropped = dropped or _taints_dropped(body, stored)
+            counters_gone = counters_gone or counters.counters_dropped(body, stored)
         for name, stale in existing.items():
             if name not in wanted:
                 version = stale["metadata"].get("resourceVersion")
                 await asyncio.to_thread(self.kube.delete_slice, name, version)
                 self.writes += 1
+        if counters_gone and self.counters_supported:
+            self.counters_supported = False
+            log.warning(
+                "the API server dropped the counter sets and the devices' consumesCounters "
+                "(its DRAPartitionableDevices feature gate is off?): devices are published "
+                "without them, so the scheduler no longer keeps partitions that overlap apart"
+            )
+            await self._reconcile_once(devices)
+            return
         if dropped:
             self.taints_supported = False
             log.warning(
@@ -296,7 +319,7 @@ class SlicePublisher:
     def _unchanged(
         self,
         existing: dict[str, dict[str, Any]],
-        wanted: dict[str, list[dict[str, Any]]],
+        wanted: dict[str, dict[str, Any]],
         generations: list[int],
     ) -> bool:
         if set(existing) != set(wanted) or len(set(generations)) != 1:
@@ -306,7 +329,8 @@ class SlicePublisher:
             pool = spec.get("pool", {})
             owners = existing[name]["metadata"].get("ownerReferences") or []
             if (
-                _without_times(spec.get("devices") or []) != chunk
+                _without_times(spec.get("devices") or []) != chunk.get("devices", [])
+                or spec.get("sharedCounters") != chunk.get("sharedCounters")
                 or pool.get("name") != self.node
                 or pool.get("resourceSliceCount") != len(wanted)
                 or not any(o.get("uid") == self._node_uid for o in owners)
@@ -314,7 +338,7 @@ class SlicePublisher:
                 return False
         return True
 
-    def _slice(self, name: str, devices: list[dict[str, Any]], count: int) -> dict[str, Any]:
+    def _slice(self, name: str, content: dict[str, Any], count: int) -> dict[str, Any]:
         return {
             "apiVersion": _API_VERSION,
             "kind": "ResourceSlice",
@@ -338,7 +362,7 @@ class SlicePublisher:
                     "generation": self.generation,
                     "resourceSliceCount": count,
                 },
-                "devices": devices,
+                **content,
             },
         }
 

@@ -18,12 +18,16 @@ from kubedevice.errors import ConfigError
 
 __all__ = [
     "MAX_ATTRIBUTES_AND_CAPACITIES",
+    "MAX_CONSUMPTIONS_PER_DEVICE",
+    "MAX_COUNTERS",
     "MAX_DEVICE_DATA_BYTES",
     "AllocatedDevice",
     "AttributeValue",
     "Claim",
     "ClaimRef",
     "ContainerEdits",
+    "CounterConsumption",
+    "CounterSet",
     "Device",
     "DeviceNode",
     "Fault",
@@ -38,6 +42,10 @@ __all__ = [
 
 #: resource.k8s.io/v1: at most 32 attributes and capacities together per device.
 MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
+#: resource.k8s.io/v1: at most 32 counters in a counter set or in one device's consumption.
+MAX_COUNTERS: Final = 32
+#: ...and at most 2 counter sets a device consumes from.
+MAX_CONSUMPTIONS_PER_DEVICE: Final = 2
 #: At most this many bytes of :attr:`PreparedDevice.data` per device, encoded as JSON.
 MAX_DEVICE_DATA_BYTES: Final = 10 * 1024
 
@@ -171,6 +179,64 @@ class ContainerEdits:
         return bool(self.env or self.device_nodes or self.mounts)
 
 
+def _counters(what: str, counters: Mapping[str, Quantity | int | str]) -> Mapping[str, Quantity]:
+    """Counter names (DNS labels) and values (quantities), checked; at most 32, at least 1."""
+    if not counters:
+        raise ConfigError(f"{what}: no counters (at least one is needed)")
+    if len(counters) > MAX_COUNTERS:
+        raise ConfigError(f"{what}: {len(counters)} counters (at most {MAX_COUNTERS})")
+    out: dict[str, Quantity] = {}
+    for key, value in counters.items():
+        if not isinstance(key, str) or not _DNS_LABEL.match(key):
+            raise ConfigError(f"{what}: counter name {key!r} is not a DNS label")
+        try:
+            out[key] = value if isinstance(value, Quantity) else Quantity(value)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            raise ConfigError(f"{what}: counter {key}: {exc}") from None
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSet:
+    """A named set of counters devices of the pool consume from (``sharedCounters``).
+
+    The counters are not allocatable themselves: a device that consumes them is allocated
+    only while every counter it names has enough left (the scheduler counts, across all
+    the pool's allocated devices). Published in slices of their own.
+
+    Args:
+        name: Unique in the pool; a DNS label (``gpu-0``).
+        counters: Counter name (a DNS label) -> value (a quantity); 1 to 32 of them.
+    """
+
+    name: str
+    counters: Mapping[str, Quantity | int | str]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _DNS_LABEL.match(self.name):
+            raise ConfigError(f"counter set name {self.name!r} is not a DNS label")
+        object.__setattr__(self, "counters", _counters(f"counter set {self.name}", self.counters))
+
+
+@dataclass(frozen=True, slots=True)
+class CounterConsumption:
+    """What a device takes from one :class:`CounterSet` while it is allocated.
+
+    Args:
+        counter_set: The set's name.
+        counters: Counter name -> amount; 1 to 32 of them, each a counter of the set.
+    """
+
+    counter_set: str
+    counters: Mapping[str, Quantity | int | str]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.counter_set, str) or not _DNS_LABEL.match(self.counter_set):
+            raise ConfigError(f"counter set name {self.counter_set!r} is not a DNS label")
+        what = f"consumption of counter set {self.counter_set}"
+        object.__setattr__(self, "counters", _counters(what, self.counters))
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
     """Why a device is not healthy: its taint in the ResourceSlices and its message.
@@ -225,6 +291,10 @@ class Device:
         fault: Why it is not healthy: the taint's key and value and the message users
             see. ``None``: the taint ``<driver>/unhealthy`` with the health as its value.
             Only for a device that is not healthy.
+        consumes_counters: The counters it takes from the pool's counter sets (at most 2
+            sets, one entry each) while allocated: partitions of one piece of hardware
+            that exclude each other (see :meth:`Driver.counter_sets
+            <kubedevice.dra.Driver.counter_sets>`).
     """
 
     name: str
@@ -233,6 +303,7 @@ class Device:
     health: Health = Health.HEALTHY
     edits: ContainerEdits = field(default_factory=ContainerEdits)
     fault: Fault | None = None
+    consumes_counters: Sequence[CounterConsumption] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _DNS_LABEL.match(self.name):
@@ -240,6 +311,17 @@ class Device:
                 f"device name {self.name!r} is not a DNS label (lower-case a-z, 0-9, '-', "
                 "at most 63)"
             )
+        consumes = tuple(self.consumes_counters)
+        if len(consumes) > MAX_CONSUMPTIONS_PER_DEVICE:
+            raise ConfigError(
+                f"device {self.name}: consumes from {len(consumes)} counter sets (at most "
+                f"{MAX_CONSUMPTIONS_PER_DEVICE})"
+            )
+        sets = [c.counter_set for c in consumes]
+        twice = sorted({n for n in sets if sets.count(n) > 1})
+        if twice:
+            raise ConfigError(f"device {self.name}: counter set {twice[0]} named twice")
+        object.__setattr__(self, "consumes_counters", consumes)
         attributes: dict[str, AttributeValue] = {}
         for key, value in self.attributes.items():
             _check_qualified_name(self.name, "attribute", key)
