@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -173,6 +174,13 @@ def run_command(
 @_NVML
 @dra_options("gpu.kubedevice.io", cdi_default=f"the config's {_flag('cdiDir')}")
 @root_options(_flag, driver=True)
+@click.option(
+    "--mig-on-demand",
+    is_flag=True,
+    default=False,
+    help="Offer every MIG placement of MIG-mode GPUs; make MIG devices per claim "
+    "(dra.migOnDemand).",
+)
 @PRINT_DEVICE_CLASSES
 @metrics_address_option()
 def dra_command(
@@ -190,6 +198,7 @@ def dra_command(
     sys_root: str | None,
     driver_root: str | None,
     host_driver_root: str | None,
+    mig_on_demand: bool,
     print_device_classes: bool,
     metrics_address: str | None,
 ) -> None:
@@ -211,6 +220,8 @@ def dra_command(
             host_driver_root=host_driver_root,
             cdi_dir=None if cdi_dir is None else str(cdi_dir),
         )
+        if mig_on_demand:
+            config = replace(config, dra=replace(config.dra, mig_on_demand=True))
         backend = open_backend(nvml)
         from kubedevice.nvidia.dra import GpuDraDriver
     except ConfigError as exc:

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_XID_POLICIES",
     "GPU_RESOURCE",
     "Config",
+    "DraConfig",
     "Flags",
     "HealthConfig",
     "SharedResource",
@@ -244,6 +245,16 @@ class Sharing(Model):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DraConfig(Model):
+    """What only the DRA driver (``kubedevice nvidia dra``) reads."""
+
+    #: MIG on demand: each MIG-mode GPU is published whole plus every placement of every
+    #: MIG profile, all consuming the GPU's counters; a MIG device is made when a claim
+    #: is prepared and destroyed when it is unprepared (``--mig-on-demand``).
+    mig_on_demand: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config(Model):
     """The whole config file (``version: v1``)."""
 
@@ -251,6 +262,7 @@ class Config(Model):
     flags: Flags = field(default_factory=Flags)
     health: HealthConfig = field(default_factory=HealthConfig)
     sharing: Sharing = field(default_factory=Sharing)
+    dra: DraConfig = field(default_factory=DraConfig)
 
     def with_overrides(self, **flags: str | None) -> Config:
         """A copy with the given flags replaced (CLI options; ``None`` values are ignored).

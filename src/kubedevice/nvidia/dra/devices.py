@@ -23,6 +23,7 @@ Device names are NVIDIA's: ``gpu-<minor>``, and ``gpu-<minor>-mig-<profile>-<gi>
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,13 @@ from typing import Final
 
 from kubedevice.dra import ContainerEdits, Device, DeviceNode, Fault, Health, Version
 from kubedevice.dra.types import AttributeValue
-from kubedevice.nvidia.backend import DriverInfo, GpuInfo, MigDeviceInfo
+from kubedevice.nvidia.backend import (
+    DriverInfo,
+    GpuInfo,
+    GpuInstanceProfile,
+    MigDeviceInfo,
+    MigPlacement,
+)
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import GpuUnit, build_inventory
 from kubedevice.nvidia.topology import Topology
@@ -46,6 +53,7 @@ __all__ = [
     "ARCHITECTURES",
     "BRANDS",
     "GpuDevice",
+    "Partition",
     "build_devices",
     "nvlink_domains",
     "semver",
@@ -146,6 +154,14 @@ def nvlink_domains(gpus: Sequence[GpuInfo], topology: Topology | None) -> dict[s
 
 
 @dataclass(frozen=True, slots=True)
+class Partition:
+    """What a MIG device made on demand stands for: a profile at one placement of a GPU."""
+
+    profile: GpuInstanceProfile
+    placement: MigPlacement
+
+
+@dataclass(frozen=True, slots=True)
 class GpuDevice:
     """One published device and the hardware behind it.
 
@@ -154,19 +170,22 @@ class GpuDevice:
         unit: The whole GPU or MIG device (UUIDs, device nodes).
         gpu: The physical GPU.
         mig: The MIG device, ``None`` for a whole GPU.
+        partition: The profile and placement of a MIG device made on demand (``mig`` is
+            ``None``: it exists only while a claim has it).
     """
 
     device: Device
     unit: GpuUnit
     gpu: GpuInfo
     mig: MigDeviceInfo | None = None
+    partition: Partition | None = None
 
     def with_health(self, health: Health, fault: Fault | None = None) -> Device:
         """The device as published with ``health`` (and why, when not healthy)."""
         d = self.device
         if d.health == health and d.fault == fault:
             return d
-        return Device(d.name, d.attributes, d.capacity, health, d.edits, fault)
+        return dataclasses.replace(d, health=health, fault=fault)
 
 
 def _label(text: str) -> str:

@@ -25,6 +25,7 @@ when none is left (the backend is called only when the level changes). What each
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import subprocess
@@ -35,6 +36,7 @@ from typing import Any, ClassVar, Final
 from kubedevice.dra import (
     ClaimError,
     ContainerEdits,
+    CounterSet,
     Device,
     DeviceNode,
     Driver,
@@ -44,10 +46,11 @@ from kubedevice.dra import (
 )
 from kubedevice.dra.types import Claim, PreparedClaim
 from kubedevice.errors import ConfigError, NvmlError
-from kubedevice.nvidia.backend import NvmlBackend, TimeSliceControl
+from kubedevice.nvidia.backend import MigPartitioning, NvmlBackend, TimeSliceControl
 from kubedevice.nvidia.cdi import find_driver_files
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import CONTROL_NODES, read_numa_node
+from kubedevice.nvidia.dra import ondemand
 from kubedevice.nvidia.dra.config import TIME_SLICE_LEVELS, effective_config
 from kubedevice.nvidia.dra.devices import GpuDevice, build_devices
 from kubedevice.nvidia.dra.faults import fault_of
@@ -93,6 +96,8 @@ class GpuDraDriver(Driver):
         self._slices: dict[str, dict[str, tuple[int, int]]] = {}
         self._order = 0  # the highest order given (or restored)
         self._slice_lock = asyncio.Lock()  # one time-slice change at a time
+        self._counter_sets: list[CounterSet] = []  # MIG on demand: one per GPU
+        self._mig_lock = asyncio.Lock()  # one MIG device made or destroyed at a time
 
     # ------------------------------------------------------------------ devices
 
@@ -129,11 +134,49 @@ class GpuDraDriver(Driver):
         numa = {g.uuid: read_numa_node(flags.sys_root, g.pci_bus_id) for g in hw.gpus}
         topology = build_topology(self.backend, hw.gpus, numa) if len(hw.gpus) > 1 else None
         devices = build_devices(self.config, hw.driver, hw.gpus, hw.mig, topology=topology)
+        if self.config.dra.mig_on_demand:
+            devices = self._on_demand(devices, topology)
         if hw.driver is not None:
             self._driver_files = find_driver_files(
                 flags.nvidia_driver_root, hw.driver.driver_version
             )
         return devices
+
+    def _on_demand(self, devices: list[GpuDevice], topology: Any) -> list[GpuDevice]:
+        """MIG on demand: each partitionable GPU's devices become the whole GPU and every
+        placement of every profile, with the GPU's counter set (blocking)."""
+        hw = self.hardware
+        parts = ondemand.partitionable(self.backend, hw.gpus)
+        if not parts:
+            log.warning("MIG on demand: no GPU in MIG mode whose MIG devices can be made")
+            return devices
+        flags = dataclasses.replace(self.config.flags, mig_strategy="none")
+        whole_config = dataclasses.replace(self.config, flags=flags)
+        wholes = {
+            gd.gpu.uuid: gd
+            for gd in build_devices(whole_config, hw.driver, hw.gpus, {}, topology=topology)
+        }
+        out: list[GpuDevice] = []
+        self._counter_sets = []
+        for gd in devices:
+            uuid = gd.gpu.uuid
+            if uuid not in parts:
+                out.append(gd)
+            elif uuid in wholes:
+                counter_set, made = ondemand.on_demand_devices(wholes.pop(uuid), parts[uuid])
+                self._counter_sets.append(counter_set)
+                out.extend(made)
+                log.info(
+                    "MIG on demand on %s: %d placements of %d profiles",
+                    uuid,
+                    len(made) - 1,
+                    len(parts[uuid]),
+                )
+        return out
+
+    def counter_sets(self) -> Sequence[CounterSet]:
+        """MIG on demand: each partitionable GPU's counters (memory slices ...)."""
+        return list(self._counter_sets)
 
     def _snapshot(self) -> list[Device]:
         out = []
@@ -202,20 +245,22 @@ class GpuDraDriver(Driver):
                 raise ClaimError(str(exc)) from None
             level: int | None = None
             if config is not None:
-                want = "MigDeviceConfig" if gd.mig is not None else "GpuConfig"
+                is_mig = gd.mig is not None or gd.partition is not None
+                want = "MigDeviceConfig" if is_mig else "GpuConfig"
                 if config.kind != want:
-                    what = "a MIG device" if gd.mig is not None else "a whole GPU"
+                    what = "a MIG device" if is_mig else "a whole GPU"
                     raise ClaimError(
                         f"{source}: kind: {config.kind} does not apply to {allocated.name}, "
                         f"which is {what} (use {want})"
                     )
-                if config.interval is not None and gd.mig is None:
+                if config.interval is not None and not is_mig:
                     level = TIME_SLICE_LEVELS[config.interval]
             plan.append((gd, level))
         return plan
 
-    def _edits(self, gd: GpuDevice, first: bool) -> ContainerEdits:
+    def _edits(self, gd: GpuDevice, first: bool, caps: Sequence[str] = ()) -> ContainerEdits:
         own = [DeviceNode(p, host_path=p) for p in gd.unit.device_nodes if p not in _CONTROL]
+        own += [DeviceNode(p, host_path=p) for p in caps]
         if not first:
             return ContainerEdits(device_nodes=own)
         control = [DeviceNode(p, host_path=p) for p in gd.unit.device_nodes if p in _CONTROL]
@@ -257,7 +302,8 @@ class GpuDraDriver(Driver):
         """
         plan = self._check(claim)
         uid = claim.ref.uid
-        data: list[Mapping[str, Any]] = []
+        made = await self._make_mig_devices(claim, [gd for gd, _ in plan])
+        data: list[dict[str, Any]] = []
         async with self._slice_lock:
             for gd, level in plan:
                 if level is None:
@@ -267,6 +313,7 @@ class GpuDraDriver(Driver):
                     await asyncio.to_thread(self._set_time_slice, gd.gpu.uuid, level)
                 except NvmlError as exc:
                     await self._release(uid)
+                    await self._destroy([r for r, _ in made if r is not None])
                     raise ClaimError(
                         f"cannot set the time-slice interval of {gd.device.name}: {exc}"
                     ) from None
@@ -276,15 +323,73 @@ class GpuDraDriver(Driver):
                 log.info(
                     "time-slice level %d set on %s for claim %s", level, gd.gpu.uuid, claim.ref
                 )
-        return [
-            PreparedDevice(allocated, self._edits(gd, i == 0), data=record)
-            for i, (allocated, (gd, _level), record) in enumerate(
-                zip(claim.devices, plan, data, strict=True)
+        prepared = []
+        for i, (allocated, (gd, _level), record, (mig, caps)) in enumerate(
+            zip(claim.devices, plan, data, made, strict=True)
+        ):
+            if mig is not None:
+                record = {**record, "mig": mig.to_json()}
+            prepared.append(PreparedDevice(allocated, self._edits(gd, i == 0, caps), data=record))
+        return prepared
+
+    async def _make_mig_devices(
+        self, claim: Claim, devices: Sequence[GpuDevice]
+    ) -> list[tuple[ondemand.MigRecord | None, tuple[str, ...]]]:
+        """MIG on demand: make each partition's MIG device (its record and cap nodes).
+
+        If NVML refuses one, those made for this claim are destroyed and the claim fails.
+        """
+        out: list[tuple[ondemand.MigRecord | None, tuple[str, ...]]] = []
+        backend = self.backend
+        for gd in devices:
+            if gd.partition is None or not isinstance(backend, MigPartitioning):
+                out.append((None, ()))
+                continue
+            part = gd.partition
+            try:
+                async with self._mig_lock:
+                    mig = await asyncio.to_thread(
+                        backend.create_mig_device, gd.gpu.uuid, part.profile.id, part.placement
+                    )
+            except NvmlError as exc:
+                await self._destroy([r for r, _ in out if r is not None])
+                raise ClaimError(f"cannot make MIG device {gd.device.name}: {exc}") from None
+            record = ondemand.MigRecord(gd.gpu.uuid, mig.gi_id, mig.uuid)
+            caps = tuple(f"/dev/nvidia-caps/nvidia-cap{m}" for m in mig.cap_minors)
+            out.append((record, caps))
+            log.info(
+                "MIG device %s (%s, GPU instance %d) made on %s for claim %s",
+                mig.uuid,
+                part.profile.name,
+                mig.gi_id,
+                gd.gpu.uuid,
+                claim.ref,
             )
-        ]
+        return out
+
+    async def _destroy(self, records: Sequence[ondemand.MigRecord]) -> None:
+        """Destroy these MIG devices (those still there).
+
+        Raises:
+            NvmlError: NVML refused (``InUse`` ...).
+        """
+        backend = self.backend
+        if not isinstance(backend, MigPartitioning):
+            return
+        for record in records:
+            async with self._mig_lock:
+                gone = await asyncio.to_thread(ondemand.destroy_if_ours, backend, record)
+            if gone:
+                log.info("MIG device %s (GPU instance %d) destroyed", record.uuid, record.gi)
 
     async def unprepare(self, claim: PreparedClaim) -> None:
-        """Give each GPU the claim set a time slice on the level still in force without it."""
+        """Destroy the MIG devices the claim had made; give each GPU the claim set a time
+        slice on the level still in force without it."""
+        records = [r for r in map(ondemand.MigRecord.from_data, claim.data) if r is not None]
+        try:
+            await self._destroy(records)
+        except NvmlError as exc:  # the kubelet asks again
+            raise ClaimError(f"cannot destroy the claim's MIG devices: {exc}") from None
         async with self._slice_lock:  # claims of an earlier run are known from restore()
             await self._release(claim.ref.uid)
 
@@ -295,6 +400,27 @@ class GpuDraDriver(Driver):
                 self._remember(claim)
         if self._slices:
             log.info("time slices of earlier claims restored on %d GPU(s)", len(self._slices))
+        if self.config.dra.mig_on_demand:
+            await self._destroy_orphans(claims)
+
+    async def _destroy_orphans(self, claims: Sequence[PreparedClaim]) -> None:
+        """MIG on demand: destroy the GPU instances no prepared claim owns (the checkpoint
+        is the truth: one made by a run that died before checkpointing it is an orphan)."""
+        if self._opened is None and not self._by_name:
+            await asyncio.to_thread(self.open)
+        backend = self.backend
+        if not isinstance(backend, MigPartitioning):
+            return
+        gpus = sorted({gd.gpu.uuid for gd in self._opened or () if gd.partition is not None})
+        owned = [
+            r for c in claims for r in map(ondemand.MigRecord.from_data, c.data) if r is not None
+        ]
+        orphans = await asyncio.to_thread(ondemand.find_orphans, backend, gpus, owned)
+        for gpu, gi in orphans:
+            await asyncio.to_thread(backend.destroy_mig_device, gpu, gi)
+            log.warning(
+                "MIG on demand: GPU instance %d on %s owned by no claim: destroyed", gi, gpu
+            )
 
     def _remember(self, claim: PreparedClaim) -> None:
         """Record the time slices in ``claim``'s data that are not known yet."""
