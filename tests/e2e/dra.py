@@ -167,6 +167,8 @@ class GpuDra(DraDriver):
         write_fake_dev(self.nvml, root / "dev")
         write_fake_sysfs(self.nvml, root / "sys")
         self.control = root / "nvml.sock"
+        #: The fake's GPU instances (MIG on demand), kept where they outlive the process.
+        self.nvml_state = root / "nvml-state.json"
         (root / "gpu.yaml").write_text(config)
         super().__init__(
             cluster,
@@ -175,7 +177,10 @@ class GpuDra(DraDriver):
             ["nvidia", "dra", "--config", str(root / "gpu.yaml"), "--nvml", f"fake:{machine}",
              "--dev-root", str(root / "dev"), "--sys-root", str(root / "sys"), *extra],
             root,
-            {"KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock")},
+            {
+                "KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock"),
+                "KUBEDEVICE_FAKE_NVML_STATE": str(self.nvml_state),
+            },
             kubeconfig,
             kubelet,
         )  # fmt: skip

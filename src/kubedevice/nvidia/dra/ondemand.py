@@ -7,7 +7,9 @@ backend can make (:class:`~kubedevice.nvidia.backend.MigPartitioning`) is publis
   (``memory-slice-0`` .. ``memory-slice-7``, value 1) and ``media-extensions`` (1) when a
   profile takes the GPU's media extensions;
 * the whole GPU (``gpu-<minor>``), consuming every counter;
-* one device per profile and placement, ``gpu-<minor>-mig-<profile>-<start>``
+* one device per profile and placement (small profiles from the lowest memory slice up,
+  half-GPU profiles from the top down, as the scheduler takes the first that fits),
+  ``gpu-<minor>-mig-<profile>-<start>``
   (``gpu-0-mig-3g-40gb-4``), type ``mig``, with ``profile``, ``parentUUID``,
   ``parentIndex``, ``placementStart`` and ``placementSize`` attributes, consuming the
   memory slices of its placement (and the media extensions for ``+me`` and 7g profiles).
@@ -110,6 +112,18 @@ def _all_counters(profiles: Sequence[GpuInstanceProfile]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
 
+def _order(profile: GpuInstanceProfile) -> list[MigPlacement]:
+    """The placements in the order they are published. The scheduler takes the first
+    device that fits, so small profiles are listed from the bottom of the memory slices up
+    and those of half the GPU (3g, 4g) from the top down: a 3g then lands on slices 4-7
+    and leaves 0-3 to 2g and 1g devices, as NVIDIA's own placement choice does."""
+    placements = sorted(profile.placements)
+    total = max((p.start + p.size for p in placements), default=0)
+    if placements and 2 * placements[0].size >= total > placements[0].size:
+        placements.reverse()
+    return placements
+
+
 def on_demand_devices(
     whole: GpuDevice, profiles: Sequence[GpuInstanceProfile]
 ) -> tuple[CounterSet, list[GpuDevice]]:
@@ -133,7 +147,7 @@ def on_demand_devices(
     }
     parent_unit = whole.unit
     for profile in profiles:
-        for placement in profile.placements:
+        for placement in _order(profile):
             device_name = f"gpu-{gpu.minor}-mig-{_label(profile.name)}-{placement.start}"
             attrs = {
                 **base,

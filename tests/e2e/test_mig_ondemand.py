@@ -1,0 +1,131 @@
+"""MIG on demand on the real scheduler and kubelet: the counters alone decide what fits.
+
+``kubedevice nvidia dra --mig-on-demand`` on the fake 8x H100 box in MIG mode publishes
+every placement of every MIG profile, each consuming its GPU's memory-slice counters. The
+real scheduler allocates claims for 3g + 2g + 2g on one GPU and leaves a 4g Pending (the
+driver is never asked for it); the fake NVML holds each MIG device while its pod runs and
+has destroyed it once the pod is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cluster import Cluster
+from .dra import (
+    POD_TIMEOUT,
+    PREPARED,
+    GpuDra,
+    allocated,
+    claim_pod,
+    claim_spec,
+    create_claim,
+    delete_pod,
+    device_class,
+    log_count,
+    release,
+    request,
+    resource_api,
+    run_claim_pod,
+    wait_file,
+    wait_slices,
+    wait_unschedulable,
+)
+
+pytestmark = pytest.mark.timeout(420)
+
+DRIVER = "gpu.kubedevice.io"
+ON_DEMAND = "version: v1\ndra:\n  migOnDemand: true\n"
+IS_MIG = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "mig"'
+
+
+@pytest.fixture
+def mig_dra(cluster: Cluster, ns: str) -> Iterator[Callable[..., GpuDra]]:
+    made: list[GpuDra] = []
+
+    def make() -> GpuDra:
+        d = GpuDra(cluster, "dgx-8gpu-mig", config=ON_DEMAND, name="mig-dra")
+        made.append(d)
+        d.start()
+        return d
+
+    yield make
+    release(cluster, ns, list(made))
+    for d in made:
+        d.close()
+
+
+def _instances(state: Path) -> list[dict[str, Any]]:
+    try:
+        return list(json.loads(state.read_text())["instances"])
+    except (OSError, ValueError):
+        return []
+
+
+def _wait_instances(
+    drv: GpuDra, predicate: Callable[[list[dict[str, Any]]], bool], what: str
+) -> None:
+    wait_file(drv.nvml_state, lambda p: predicate(_instances(p)), 60, what)
+
+
+def _mig_claim(cluster: Cluster, ns: str, name: str, cls: str, profile: str) -> None:
+    on_gpu0 = f'device.attributes["{DRIVER}"].parentIndex == 0'
+    is_profile = f'device.attributes["{DRIVER}"].profile == "{profile}"'
+    create_claim(cluster, ns, name, claim_spec(request("mig", cls, 1, on_gpu0, is_profile)))
+
+
+def test_3g_2g_2g_fit_a_4g_stays_pending_and_instances_follow_the_pods(
+    cluster: Cluster, ns: str, mig_dra: Callable[..., GpuDra]
+) -> None:
+    drv = mig_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8 * 26, "8 GPUs x 26 devices", 60)
+    slices = resource_api(cluster).list_resource_slice(field_selector=f"spec.driver={DRIVER}")
+    assert sum(1 for s in slices.items if s.spec.shared_counters) == 1  # 8 counter sets
+    with device_class(cluster, IS_MIG) as cls:
+        started = time.monotonic()
+        for name, profile in (("a", "3g.40gb"), ("b", "2g.20gb"), ("c", "2g.20gb")):
+            _mig_claim(cluster, ns, name, cls, profile)
+            run_claim_pod(cluster, ns, claim_pod(f"p-{name}", claim=name))
+        elapsed = time.monotonic() - started
+        got = {
+            n: allocated(resource_api(cluster).read_namespaced_resource_claim(n, ns)) for n in "abc"
+        }
+        assert got["a"] == ["gpu-0-mig-3g-40gb-4"]
+        assert sorted(got["b"] + got["c"]) == ["gpu-0-mig-2g-20gb-0", "gpu-0-mig-2g-20gb-2"]
+        made = _instances(drv.nvml_state)
+        assert sorted((i["name"], tuple(i["placement"])) for i in made) == [
+            ("2g.20gb", (0, 2)),
+            ("2g.20gb", (2, 2)),
+            ("3g.40gb", (4, 4)),
+        ]
+        assert {i["gpu"] for i in made} == {drv.uuids[0]}
+
+        # a 4g needs slices 0-3: the scheduler finds nothing that fits; the driver is not asked
+        _mig_claim(cluster, ns, "d", cls, "4g.40gb")
+        cluster.create_pod(ns, claim_pod("p-d", claim="d"))
+        wait_unschedulable(cluster, ns, "p-d", 60)
+        assert log_count(drv.log, PREPARED) == 3
+        assert len(_instances(drv.nvml_state)) == 3
+
+        # the pods with the 2g devices go: their instances are destroyed, and the 4g runs
+        delete_pod(cluster, ns, "p-b")
+        delete_pod(cluster, ns, "p-c")
+        cluster.core.delete_namespaced_pod("p-d", ns)
+        _mig_claim(cluster, ns, "e", cls, "4g.40gb")
+        run_claim_pod(cluster, ns, claim_pod("p-e", claim="e"))
+        _wait_instances(
+            drv,
+            lambda m: sorted(i["name"] for i in m) == ["3g.40gb", "4g.40gb"],
+            "the 2g instances destroyed, a 4g made",
+        )
+        delete_pod(cluster, ns, "p-a")
+        delete_pod(cluster, ns, "p-e")
+        _wait_instances(drv, lambda m: not m, "every instance destroyed")
+    print(f"\nMIG on demand: 3 pods with a MIG claim each Running in {elapsed:.1f} s")
+    assert elapsed < 3 * POD_TIMEOUT
