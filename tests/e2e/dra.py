@@ -169,6 +169,8 @@ class GpuDra(DraDriver):
         self.control = root / "nvml.sock"
         #: The fake's GPU instances (MIG on demand), kept where they outlive the process.
         self.nvml_state = root / "nvml-state.json"
+        #: While this file is there, the next GPU instance made ends the driver (a crash).
+        self.crash_marker = root / "crash-after-create"
         (root / "gpu.yaml").write_text(config)
         super().__init__(
             cluster,
@@ -180,6 +182,7 @@ class GpuDra(DraDriver):
             {
                 "KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock"),
                 "KUBEDEVICE_FAKE_NVML_STATE": str(self.nvml_state),
+                "KUBEDEVICE_FAKE_NVML_CRASH_AFTER_CREATE": str(self.crash_marker),
             },
             kubeconfig,
             kubelet,

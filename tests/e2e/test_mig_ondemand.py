@@ -129,3 +129,28 @@ def test_3g_2g_2g_fit_a_4g_stays_pending_and_instances_follow_the_pods(
         _wait_instances(drv, lambda m: not m, "every instance destroyed")
     print(f"\nMIG on demand: 3 pods with a MIG claim each Running in {elapsed:.1f} s")
     assert elapsed < 3 * POD_TIMEOUT
+
+
+def test_a_driver_killed_after_making_an_instance_destroys_the_orphan_and_prepares_again(
+    cluster: Cluster, ns: str, mig_dra: Callable[..., GpuDra]
+) -> None:
+    drv = mig_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8 * 26, "8 GPUs x 26 devices", 60)
+    drv.crash_marker.touch()  # the driver dies right after making the next instance
+    with device_class(cluster, IS_MIG) as cls:
+        _mig_claim(cluster, ns, "a", cls, "3g.40gb")
+        cluster.create_pod(ns, claim_pod("p-a", claim="a"))
+        popen = drv.process.popen
+        assert popen is not None
+        assert popen.wait(POD_TIMEOUT) == 137
+        [orphan] = _instances(drv.nvml_state)  # made, never checkpointed
+        assert log_count(drv.log, PREPARED) == 0
+        drv.start()  # the kubelet asks again once it is back
+        cluster.wait_running(ns, "p-a", POD_TIMEOUT)
+        [made] = _instances(drv.nvml_state)
+        assert made["uuid"] != orphan["uuid"]
+        assert (made["name"], made["placement"]) == ("3g.40gb", [4, 4])
+        assert log_count(drv.log, "owned by no claim: destroyed") == 1
+        assert log_count(drv.log, PREPARED) == 1
+        delete_pod(cluster, ns, "p-a")
+        _wait_instances(drv, lambda m: not m, "the instance destroyed")

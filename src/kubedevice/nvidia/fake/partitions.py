@@ -38,12 +38,16 @@ from kubedevice.nvidia.backend import (
     MigPlacement,
 )
 
-__all__ = ["STATE_ENV", "FakePartitions", "cap_minors", "profiles_for"]
+__all__ = ["CRASH_ENV", "STATE_ENV", "FakePartitions", "cap_minors", "profiles_for"]
 
 log = logging.getLogger(__name__)
 
 #: A file the fake keeps its GPU instances in (so they outlive the process).
 STATE_ENV: Final = "KUBEDEVICE_FAKE_NVML_STATE"
+#: A path: while a file is there, the next GPU instance made ends the process (status 137,
+#: as SIGKILL) right after it is made, and the file is removed: a crash between making an
+#: instance and recording it, for tests.
+CRASH_ENV: Final = "KUBEDEVICE_FAKE_NVML_CRASH_AFTER_CREATE"
 _MIB: Final = 1024 * 1024
 
 
@@ -97,6 +101,19 @@ def cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     """The ``nvidia-cap`` minors of a GPU instance and its compute instance."""
     gi = gpu_minor * 135 + 3 + gi_id * 9
     return gi, gi + 1 + ci_id
+
+
+def _crash_if_asked() -> None:
+    marker = os.environ.get(CRASH_ENV)
+    if not marker:
+        return
+    try:
+        os.unlink(marker)
+    except OSError:
+        return
+    log.warning("fake NVML: %s was there: the process ends now (as if killed)", marker)
+    logging.shutdown()
+    os._exit(137)
 
 
 class FakePartitions:
@@ -191,6 +208,7 @@ class FakePartitions:
             placement.size,
             gpu_uuid,
         )
+        _crash_if_asked()
         return next(d for d in self.devices(gpu_uuid) if d.uuid == mig.uuid)
 
     def destroy(self, gpu_uuid: str, gi_id: int) -> None:
