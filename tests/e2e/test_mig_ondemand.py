@@ -10,12 +10,14 @@ has destroyed it once the pod is gone.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from .cluster import Cluster
 from .dra import (
@@ -29,6 +31,7 @@ from .dra import (
     delete_pod,
     device_class,
     log_count,
+    pod_claim,
     release,
     request,
     resource_api,
@@ -154,3 +157,53 @@ def test_a_driver_killed_after_making_an_instance_destroys_the_orphan_and_prepar
         assert log_count(drv.log, PREPARED) == 1
         delete_pod(cluster, ns, "p-a")
         _wait_instances(drv, lambda m: not m, "the instance destroyed")
+
+
+def _doc_manifests() -> list[dict[str, Any]]:
+    """The YAML of docs/nvidia.md, section "MIG on demand (DRA)"."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "nvidia.md").read_text()
+    section = text[text.index("## MIG on demand (DRA)") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
+
+
+def test_the_documented_manifest_gets_a_3g_made_for_its_pod(
+    cluster: Cluster, ns: str, mig_dra: Callable[..., GpuDra]
+) -> None:
+    drv = mig_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8 * 26, "8 GPUs x 26 devices", 60)
+    cls, template, pod = _doc_manifests()
+    assert [cls["kind"], template["kind"], pod["kind"]] == [
+        "DeviceClass",
+        "ResourceClaimTemplate",
+        "Pod",
+    ]
+    api = resource_api(cluster)
+    api.create_device_class(cls)
+    try:
+        api.create_namespaced_resource_claim_template(ns, template)
+        started = time.monotonic()
+        run_claim_pod(cluster, ns, pod)
+        elapsed = time.monotonic() - started
+        [device] = allocated(pod_claim(cluster, ns, pod["metadata"]["name"]))
+        assert re.fullmatch(r"gpu-[0-7]-mig-3g-40gb-[04]", device), device
+        [made] = _instances(drv.nvml_state)
+        assert made["name"] == "3g.40gb"
+        kubelet = cluster.kubelet
+        assert kubelet is not None
+        assert len(kubelet.created(ns, pod["metadata"]["name"], "main").get("cdiDevices")) == 1
+        nodes = [
+            n["hostPath"]
+            for spec in drv.cdi_specs().values()
+            for d in spec["devices"]
+            for n in d["containerEdits"].get("deviceNodes", [])
+        ]
+        gi = made["gi"]
+        caps = [p for p in nodes if p.startswith("/dev/nvidia-caps/nvidia-cap")]
+        assert len(caps) == 2, nodes  # the GPU instance's and the compute instance's
+        print(f"\nMIG on demand: the documented pod Running in {elapsed:.2f} s (GI {gi})")
+        delete_pod(cluster, ns, pod["metadata"]["name"])
+        _wait_instances(drv, lambda m: not m, "the instance destroyed")
+    finally:
+        api.delete_device_class(cls["metadata"]["name"])
