@@ -115,6 +115,7 @@ def make_module(
     mod.state = state  # type: ignore[attr-defined]
     mod.events = events  # type: ignore[attr-defined]
     mod.gpus = by_uuid  # type: ignore[attr-defined]
+    mod.mig_by_uuid = mig_by_uuid  # type: ignore[attr-defined]
 
     def need_init() -> None:
         if not state["init"]:

@@ -10,7 +10,9 @@ when that fails), ``nvmlDeviceGetGpuInstances`` / ``nvmlGpuInstanceGetInfo`` to 
 ``nvmlComputeInstanceDestroy`` + ``nvmlGpuInstanceDestroy`` to destroy. Errors keep NVML's
 names (``InsufficientResources``, ``InUse``, ``NotFound`` ...).
 
-Not run against a real GPU where it was written (see ``scripts/gpu-check``).
+Checked on a real H200 (driver 580.159.04, MIG mode off, so nothing made): the profile and
+placement queries answer as the fake's table says, and the create call answers
+NotSupported. Making and destroying instances has run only against a stand-in ``pynvml``.
 """
 
 from __future__ import annotations
@@ -147,8 +149,13 @@ class RealMigPartitioning:
             raise NvmlError("NotSupported", f"no GPU instance profile {profile_id}", gpu_uuid)
         where = nv.c_nvmlGpuInstancePlacement_t()
         where.start, where.size = placement.start, placement.size
+        # NVML takes the placement by pointer; passed by value, the call crashes the process.
         gi = self._call(
-            nv.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile_id, where, uuid=gpu_uuid
+            nv.nvmlDeviceCreateGpuInstanceWithPlacement,
+            h,
+            profile_id,
+            ctypes.byref(where),
+            uuid=gpu_uuid,
         )
         try:
             gi_id = int(self._call(nv.nvmlGpuInstanceGetInfo, gi, uuid=gpu_uuid).id)

@@ -4,7 +4,9 @@ The GPU instance profiles of an H100 80GB and an H200 141GB: NVIDIA's profile li
 user guide: 1g, 1g+me, 1g with twice the memory, 2g, 3g, 4g, 7g), NVML's profile IDs and
 the placements ``nvmlDeviceGetGpuInstancePossiblePlacements`` reports for each (in memory
 slices, 8 per GPU; profile IDs as ``nvidia-smi mig -lgip`` shows them, the IDs NVML's create
-call takes). Memory sizes are plausible, not measured.
+call takes). The H200's memory sizes, IDs and placements are what NVML answered on a real
+H200 (driver 580.159.04); the H100's IDs and placements are NVIDIA's, its memory sizes
+plausible, not measured.
 
 Rules kept, as NVML keeps them: a placement must be one of the profile's; a GPU instance
 must not share a memory slice with another (``InsufficientResources``); one GPU has one
@@ -83,7 +85,8 @@ def _table(
 
 
 _H100_80GB: Final = _table(9984, 20096, 40448, 80896, (10, 20, 40, 80))
-_H200: Final = _table(16896, 33792, 69888, 140544, (18, 35, 71, 141))
+#: Measured: NVML's profile info on an H200 (driver 580.159.04).
+_H200: Final = _table(16384, 33280, 71424, 143360, (18, 35, 71, 141))
 
 
 def profiles_for(gpu: GpuInfo) -> tuple[GpuInstanceProfile, ...]:
