@@ -188,3 +188,24 @@ async def test_without_partitionable_devices_in_the_api_server_devices_go_withou
     assert not any(d.get("consumesCounters") for d in slices[0]["spec"]["devices"])
     [warning] = [r.getMessage() for r in caplog.records if "counter" in r.getMessage()]
     assert "DRAPartitionableDevices" in warning
+
+
+async def test_a_restart_adopts_unchanged_counter_slices_without_writing(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    devices, sets = partitioned(9, 25)
+    async with server(PartitionedDriver(devices, sets), kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        assert srv.publisher is not None
+        assert srv.publisher.writes == 6
+    async with server(PartitionedDriver(devices, sets), kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        assert srv.publisher is not None
+        assert srv.publisher.writes == 0  # the counter sets compare equal as stored
+    more = [dra.CounterSet(s.name, {**s.counters, "extra": 1}) for s in sets]
+    async with server(PartitionedDriver(devices, more), kdir, kubeconfig, node_name) as srv:
+        await asyncio.wait_for(srv.wait_published(), 30)
+        assert srv.publisher is not None
+        assert srv.publisher.writes == 6  # a counter changed: the pool's generation grows
+        [first] = [s for s in api.slices(DRIVER, node_name) if s["metadata"]["name"].endswith("-0")]
+        assert first["spec"]["sharedCounters"][0]["counters"]["extra"] == {"value": "1"}
