@@ -25,6 +25,7 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "checkpoint",
         "claims",
         "classes",
+        "counters",
         "driver",
         "files",
         "health",

@@ -73,7 +73,7 @@ def test_no_driver_is_one_line_and_exit_2(dp_dir: Path) -> None:
         (
             ["--nvml", "fake:dgx-8gpu"],
             "version: v1\nflag: {}\n",
-            "flag: unknown key (allowed: flags",
+            "flag: unknown key (allowed: dra, flags",
         ),
         (["--nvml", "gpu"], "version: v1\n", "nvml: 'gpu' is not 'real' or 'fake:PATH'"),
     ],
