@@ -33,6 +33,8 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "metrics",
         "names",
         "observed",
+        "quantity",
+        "lock",
         "registration",
         "runner",
         "server",

@@ -116,7 +116,7 @@ async def test_example_driver_end_to_end(
         (["--driver-name", "UPPER.example.com", "--node-name", "n"], "driver name 'UPPER"),
         (
             ["--node-name", "n", "--kubeconfig", "/nonexistent/kubeconfig"],
-            "cannot load the kubeconfig /nonexistent/kubeconfig",
+            "kubeconfig /nonexistent/kubeconfig does not exist",
         ),
     ],
     ids=["bad-node", "no-node", "bad-driver", "no-kubeconfig"],

@@ -342,8 +342,8 @@ class _ThousandsOfResults(KubeClient):
     so a claim like this one can only come from a server that does not check it.
     """
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        claim = super().get_claim(namespace, name)
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        claim = await super().get_claim(namespace, name)
         (one,) = claim["status"]["allocation"]["devices"]["results"]
         claim["status"]["allocation"]["devices"]["results"] = [one] * 5000
         return claim

@@ -85,7 +85,7 @@ async def test_devices_published_in_chunks_of_128_with_types_and_owner(
         assert len({d["name"] for s in slices for d in s["spec"]["devices"]}) == 130
 
 
-async def test_start_adopts_updates_and_deletes_stale_but_not_others(
+async def test_start_adopts_by_fields_and_updates_but_not_others(
     kdir: Path, kubeconfig: Path, node_name: str, api: Api
 ) -> None:
     stale = f"{node_name}-stale"
@@ -95,7 +95,8 @@ async def test_start_adopts_updates_and_deletes_stale_but_not_others(
     async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
         await asyncio.wait_for(srv.wait_published(), 30)
         slices = api.slices(DRIVER, node_name)
-        assert [s["metadata"]["name"] for s in slices] == [f"{node_name}-{DRIVER}-0"]
+        # the driver's slice on the node is adopted by its fields (whatever its name)
+        assert [s["metadata"]["name"] for s in slices] == [stale]
         assert slices[0]["spec"]["pool"]["generation"] == 8  # above the adopted pool's 7
         assert len(api.slices("other.io", node_name)) == 1
     # a restart with the same devices adopts them without writing
@@ -178,14 +179,14 @@ async def test_a_conflict_lists_again_and_wins(
     replace = KubeClient.replace_slice
     meddled: list[str] = []
 
-    def meddling_replace(self: KubeClient, body: dict) -> dict:
+    async def meddling_replace(self: KubeClient, body: dict) -> dict:
         if not meddled:  # someone else writes the slice between our list and our write
             name = body["metadata"]["name"]
             current = api.call("GET", f"{RESOURCE}/resourceslices/{name}")
             current["metadata"].setdefault("labels", {})["meddled"] = "yes"
             api.call("PUT", f"{RESOURCE}/resourceslices/{name}", current)
             meddled.append(name)
-        return replace(self, body)
+        return await replace(self, body)
 
     driver = FakeDriver(gpus(2))
     async with server(driver, kdir, kubeconfig, node_name) as srv:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from kubedevice.errors import ConfigError
+from kubedevice.kubeconfig import resolve_kubeconfig
 
 __all__ = ["IN_CLUSTER_TOKEN", "Target", "kubeconfig_path", "read_target"]
 
@@ -31,21 +32,10 @@ class Target:
 
 
 def kubeconfig_path(kubeconfig: str | None) -> str | None:
-    """The kubeconfig to use: ``--kubeconfig``, the first of ``$KUBECONFIG``, or
-    ``~/.kube/config`` when it exists; ``None`` for in-cluster. ConfigError if none."""
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-    if path is not None:
-        if not os.path.exists(path):
-            raise ConfigError(f"kubeconfig {path} does not exist")
-        return path
-    default = os.path.expanduser("~/.kube/config")
-    if os.path.exists(default):
-        return default
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return None
-    raise ConfigError(
-        f"no kubeconfig ({default} does not exist): give --kubeconfig or set KUBECONFIG"
-    )
+    """The kubeconfig to use (:func:`kubedevice.kubeconfig.resolve_kubeconfig`: ``--kubeconfig``,
+    ``$KUBECONFIG``, ``~/.kube/config``); ``None`` for in-cluster. ConfigError if none."""
+    path = resolve_kubeconfig(kubeconfig)
+    return None if path is None else str(path)
 
 
 def _named(doc: dict[str, Any], key: str, name: str, path: str) -> dict[str, Any]:

@@ -1,42 +1,155 @@
 """The kit's one door to the Kubernetes API: ResourceClaims (and their status), ResourceSlices,
 the Node.
 
-Uses the official ``kubernetes`` client (the ``dra`` extra), imported when a driver
-connects, with plain JSON dicts in and out (no generated models: a field newer than the
-client is never dropped). Blocking: callers run these in a thread. Every failure is a
-:class:`~kubedevice.errors.KubeApiError` with the HTTP status (0: not reached).
+Uses the official ``kubernetes`` client (the ``dra`` extra) for credentials and TLS, imported
+when a driver connects, with plain JSON dicts in and out (no generated models: a field newer
+than the client is never dropped). Every failure is a :class:`~kubedevice.errors.KubeApiError`
+with the HTTP status (0: not reached, or no complete answer in time).
+
+The calls are coroutines. Each runs in this client's own bounded thread pool, never in the
+event loop's default one: a slow API server holds at most these threads, and the local work
+that runs in threads (CDI specs, the checkpoint, plain-function hooks) never waits behind
+it. Each call has one total deadline (``deadline_s``, retries included) on the whole
+answer, enforced by shutting the connection's socket when it passes: a server that
+stalls, or trickles a byte now and then, is given up on time. :meth:`KubeClient.close`
+ends the calls still in flight at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from kubedevice.errors import ConfigError, KubeApiError
+from kubedevice.kubeconfig import resolve_kubeconfig
 
-__all__ = ["KubeClient"]
+__all__ = ["API_WORKERS", "DEFAULT_DEADLINE_S", "KubeClient"]
 
 log = logging.getLogger(__name__)
 
 _RESOURCE: Final = "/apis/resource.k8s.io/v1"
-_TIMEOUT: Final = 30.0  # seconds per request (connect + read)
+#: The total time one call may take, retries included: under the kubelet's 45 s for a
+#: NodePrepareResources, so a claim that cannot be read fails with a clear error first.
+DEFAULT_DEADLINE_S: Final = 30.0
+#: Threads for API calls (at most this many calls in flight; more wait their turn).
+API_WORKERS: Final = 8
+#: Tries of a call whose connection could not be made (nothing was sent).
+_TRIES: Final = 3
+_CONNECT_S: Final = 10.0
+#: The most of an answer read (a ResourceSlice of 128 devices is far smaller).
+_MAX_BODY: Final = 64 * 1024 * 1024
+
+_T = TypeVar("_T")
+
+
+class _Watch:
+    """The sockets of one call; :meth:`fire` shuts them (the deadline, or a close)."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def add(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.append(sock)
+            fired = self.fired
+        if fired:
+            _shut(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    # the plain socket's shutdown (not SSLSocket's, which drops its TLS state under a
+    # reader): a recv blocked in another thread returns at once
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+_current = threading.local()  # .watch: the _Watch of the call this thread runs
+
+
+def _tracked(base: type) -> type:
+    """``base`` (a urllib3 connection class) registering its socket with the current call."""
+
+    class Tracked(base):  # type: ignore[misc]
+        def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+            watch = getattr(_current, "watch", None)
+            if watch is not None:
+                watch.add(getattr(self, "sock", None))
+            return super().getresponse(*args, **kwargs)
+
+    Tracked.__name__ = f"Tracked{base.__name__}"
+    return Tracked
 
 
 class KubeClient:
-    """A small client for the calls a DRA driver makes. Build it with :meth:`connect`."""
+    """A small client for the calls a DRA driver makes. Build it with :meth:`connect`.
 
-    def __init__(self, api_client: Any) -> None:
+    Args:
+        api_client: A ``kubernetes.client.ApiClient`` (credentials, TLS, the server).
+        deadline_s: The total time of one call, retries included.
+        workers: Threads for API calls.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        workers: int = API_WORKERS,
+    ) -> None:
+        import urllib3
+
         self._api = api_client
+        self.deadline_s = deadline_s
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
+        self._watches: set[_Watch] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        manager = api_client.rest_client.pool_manager
+        manager.pool_classes_by_scheme = {
+            "http": type(
+                "TrackedHTTPConnectionPool",
+                (urllib3.HTTPConnectionPool,),
+                {"ConnectionCls": _tracked(urllib3.HTTPConnectionPool.ConnectionCls)},
+            ),
+            "https": type(
+                "TrackedHTTPSConnectionPool",
+                (urllib3.HTTPSConnectionPool,),
+                {"ConnectionCls": _tracked(urllib3.HTTPSConnectionPool.ConnectionCls)},
+            ),
+        }
+        self._manager = manager
 
     @classmethod
-    def connect(cls, kubeconfig: Path | None) -> KubeClient:
-        """Load ``kubeconfig`` (or the in-cluster service account when ``None``).
+    def connect(
+        cls, kubeconfig: Path | None, *, deadline_s: float = DEFAULT_DEADLINE_S
+    ) -> KubeClient:
+        """Load the credentials: ``kubeconfig``, else ``$KUBECONFIG``, else
+        ``~/.kube/config``, else the in-cluster service account
+        (:func:`kubedevice.kubeconfig.resolve_kubeconfig`).
 
         Raises:
-            ConfigError: The client is not installed, or the kubeconfig/in-cluster
-                configuration cannot be loaded.
+            ConfigError: The client is not installed, there is no kubeconfig (and this is
+                not a pod), or it cannot be loaded.
         """
         try:
             import kubernetes.client
@@ -45,38 +158,46 @@ class KubeClient:
             raise ConfigError(
                 "DRA drivers need the Kubernetes client: pip install 'kubedevice[dra]'"
             ) from None
+        path = resolve_kubeconfig(kubeconfig)
         configuration = kubernetes.client.Configuration()
         try:
-            if kubeconfig is not None:
+            if path is not None:
                 kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(kubeconfig), client_configuration=configuration
+                    config_file=str(path), client_configuration=configuration
                 )
             else:
                 kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
                     client_configuration=configuration
                 )
         except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
-            where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration"
+            where = f"kubeconfig {path}" if path else "in-cluster configuration"
             raise ConfigError(f"cannot load the {where}: {exc}") from None
-        return cls(kubernetes.client.ApiClient(configuration))
+        configuration.retries = False  # the tries are ours, inside the deadline
+        return cls(kubernetes.client.ApiClient(configuration), deadline_s=deadline_s)
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """End the calls in flight (they fail at once) and close the connections."""
+        with self._lock:
+            self._closed = True
+            watches = list(self._watches)
+        for watch in watches:
+            watch.fire()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._api.close()
 
     # ---- the calls -----------------------------------------------------------------
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim ``namespace/name``."""
-        return self._call("GET", f"{_RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+        return await self._async("GET", f"{_RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
 
-    def get_node(self, name: str) -> dict[str, Any]:
+    async def get_node(self, name: str) -> dict[str, Any]:
         """The Node ``name``."""
-        return self._call("GET", f"/api/v1/nodes/{name}")
+        return await self._async("GET", f"/api/v1/nodes/{name}")
 
-    def list_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+    async def list_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
         """This driver's ResourceSlices on ``node`` (field selectors on driver and node)."""
-        answer = self._call(
+        answer = await self._async(
             "GET",
             f"{_RESOURCE}/resourceslices",
             query=[("fieldSelector", f"spec.driver={driver},spec.nodeName={node}")],
@@ -84,22 +205,22 @@ class KubeClient:
         items: list[dict[str, Any]] = answer.get("items") or []
         return items
 
-    def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Create a ResourceSlice."""
-        return self._call("POST", f"{_RESOURCE}/resourceslices", body=body)
+    async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceSlice (``metadata.generateName`` names it, when given)."""
+        return await self._async("POST", f"{_RESOURCE}/resourceslices", body=body)
 
-    def replace_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def replace_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """Replace a ResourceSlice (its ``metadata.resourceVersion`` guards against races)."""
         name = body["metadata"]["name"]
-        return self._call("PUT", f"{_RESOURCE}/resourceslices/{name}", body=body)
+        return await self._async("PUT", f"{_RESOURCE}/resourceslices/{name}", body=body)
 
-    def apply_claim_status(
+    async def apply_claim_status(
         self, namespace: str, name: str, body: dict[str, Any], manager: str
     ) -> dict[str, Any]:
         """Server-side apply ``body`` to the ResourceClaim's status as field ``manager``
         (only that manager's fields change; ``status.devices`` entries of other drivers stay).
         """
-        return self._call(
+        return await self._async(
             "PATCH",
             f"{_RESOURCE}/namespaces/{namespace}/resourceclaims/{name}/status",
             query=[("fieldManager", manager), ("force", "true")],
@@ -107,20 +228,20 @@ class KubeClient:
             content_type="application/apply-patch+yaml",
         )
 
-    def delete_slice(self, name: str, resource_version: str | None = None) -> None:
+    async def delete_slice(self, name: str, resource_version: str | None = None) -> None:
         """Delete a ResourceSlice (gone already is fine)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if resource_version:
             body["preconditions"] = {"resourceVersion": resource_version}
         try:
-            self._call("DELETE", f"{_RESOURCE}/resourceslices/{name}", body=body)
+            await self._async("DELETE", f"{_RESOURCE}/resourceslices/{name}", body=body)
         except KubeApiError as exc:
             if exc.status != 404:
                 raise
 
     # ---- plumbing ------------------------------------------------------------------
 
-    def _call(
+    async def _async(
         self,
         method: str,
         path: str,
@@ -129,22 +250,111 @@ class KubeClient:
         body: dict[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        return await self._in_pool(
+            lambda: self.call(method, path, query=query, body=body, content_type=content_type)
+        )
+
+    async def _in_pool(self, fn: Callable[[], _T]) -> _T:
+        loop = asyncio.get_running_loop()
         try:
-            request = self._api.param_serialize(
-                method,
-                path,
-                query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                # JSON is YAML: an apply patch goes as JSON text
-                body=body if content_type == "application/json" else json.dumps(body),
-                auth_settings=["BearerToken"],
+            future = loop.run_in_executor(self._pool, fn)
+        except RuntimeError:  # closed: shut down
+            raise KubeApiError("the API client is closed") from None
+        return await future
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One API call, blocking, within :attr:`deadline_s` (retries included); the body
+        goes as JSON (an apply patch's YAML is JSON text too)."""
+        import urllib3
+
+        end = time.monotonic() + self.deadline_s
+        watch = _Watch()
+        with self._lock:
+            if self._closed:
+                raise KubeApiError(f"{method} {path}: the API client is closed")
+            self._watches.add(watch)
+        timer = threading.Timer(self.deadline_s, watch.fire)
+        timer.daemon = True
+        timer.start()
+        _current.watch = watch
+        try:
+            for attempt in range(_TRIES):
+                try:
+                    return self._once(method, path, query, body, content_type, end)
+                except urllib3.exceptions.NewConnectionError as exc:
+                    left = end - time.monotonic()
+                    if watch.fired or attempt == _TRIES - 1 or left < 0.5:
+                        raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
+                    time.sleep(min(0.2 * 2**attempt, left / 2))
+                except KubeApiError:
+                    raise
+                except Exception as exc:  # urllib3/ssl/socket/auth errors
+                    if watch.fired:
+                        break
+                    raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
+            raise KubeApiError(
+                f"{method} {path}: no complete answer within {self.deadline_s:g} s"
+                if not self._closed
+                else f"{method} {path}: the API client was closed"
             )
-            response = self._api.call_api(*request, _request_timeout=_TIMEOUT)
-            response.read()
-        except Exception as exc:  # urllib3/ssl/socket/auth errors: the server was not reached
-            raise KubeApiError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        finally:
+            _current.watch = None
+            timer.cancel()
+            with self._lock:
+                self._watches.discard(watch)
+
+    def _once(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        body: dict[str, Any] | None,
+        content_type: str,
+        end: float,
+    ) -> dict[str, Any]:
+        import urllib3
+
+        _method, url, headers, _body, _post = self._api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        left = max(end - time.monotonic(), 0.01)
+        response = self._manager.request(
+            method,
+            url,
+            body=None if body is None else json.dumps(body),
+            headers=headers,
+            timeout=urllib3.Timeout(connect=min(_CONNECT_S, left), read=left),
+            retries=False,
+            redirect=False,
+            preload_content=False,
+        )
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := response.read(65536):
+                size += len(chunk)
+                if size > _MAX_BODY:
+                    raise KubeApiError(f"{method} {path}: the answer is over {_MAX_BODY} bytes")
+                if time.monotonic() > end:
+                    raise TimeoutError("the deadline passed")
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        finally:
+            response.release_conn()
         status = int(response.status)
-        data = response.data
         if not 200 <= status <= 299:
             raise KubeApiError(f"{method} {path}: {status} {_reason(data)}", status=status)
         try:
@@ -154,6 +364,10 @@ class KubeClient:
         if not isinstance(decoded, dict):
             raise KubeApiError(f"{method} {path}: the answer is not a JSON object")
         return decoded
+
+
+def _what(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _reason(data: bytes | None) -> str:

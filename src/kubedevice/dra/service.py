@@ -212,7 +212,7 @@ class ClaimService:
         if self.kube is None:
             raise ClaimError("no API server to read the claim from")
         try:
-            obj = await asyncio.to_thread(self.kube.get_claim, ref.namespace, ref.name)
+            obj = await self.kube.get_claim(ref.namespace, ref.name)
         except KubeApiError as exc:
             if exc.status == 404:
                 raise ClaimError(f"claim {ref.namespace}/{ref.name} does not exist") from None

@@ -2,10 +2,15 @@
 
 One pool per node, named after the node; at most 128 devices per slice (64 in a slice with a
 tainted device); every slice has ``spec.driver``, ``spec.nodeName``, the pool's generation
-and slice count, and an owner reference to the Node (so the slices go with it).
-:meth:`SlicePublisher.reconcile` lists this driver's slices on this node (field selectors),
-adopts them, updates them when the devices differ (the generation grows by one on every
-change), creates what is missing and deletes what is stale. A device that is not healthy
+and slice count, and an owner reference to the Node's current UID (so the slices go with
+it; the Node is read again before every write, so a Node deleted and created again gets
+slices owned by its new UID). Slices are named by the API server (``generateName``
+``<node>-<driver>-``): names never collide across drivers and nodes.
+:meth:`SlicePublisher.reconcile` lists this driver's slices on this node (field selectors,
+never names: slices named by an earlier version are adopted too), updates them when the
+devices differ (the generation grows by one on every change; capacities are sent in the
+API server's canonical form, so an unchanged pool compares equal and is never rewritten),
+creates what is missing and deletes what is stale. A device that is not healthy
 is published with a taint keyed by why (:mod:`kubedevice.dra.taints`: ``NoSchedule``, the
 scheduler allocates it to no new claim unless one tolerates the taint; it stays visible,
 and allocated claims keep it, unless the fault is one to evict on: ``NoExecute``);
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -27,6 +33,7 @@ from typing import Any, Final
 
 from kubedevice.dra import counters
 from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.quantity import canonical_quantity
 from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import CounterSet, Device, Health, Version
 from kubedevice.errors import KubeApiError
@@ -39,6 +46,7 @@ __all__ = [
     "delete_slices",
     "device_object",
     "slice_name",
+    "slice_name_prefix",
     "unhealthy_taint_key",
 ]
 
@@ -66,7 +74,9 @@ def device_object(device: Device, taints: TaintPolicy | None = None) -> dict[str
     if device.attributes:
         out["attributes"] = {key: _attribute(v) for key, v in device.attributes.items()}
     if device.capacity:
-        out["capacity"] = {key: {"value": str(v)} for key, v in device.capacity.items()}
+        out["capacity"] = {
+            key: {"value": canonical_quantity(str(v))} for key, v in device.capacity.items()
+        }
     if device.consumes_counters:
         out["consumesCounters"] = counters.consumption_objects(device)
     if taints is not None and device.health != Health.HEALTHY:
@@ -108,12 +118,11 @@ def _without_times(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _keep_times(chunk: list[dict[str, Any]], current: dict[str, Any] | None) -> None:
-    """Give each taint in ``chunk`` the ``timeAdded`` it already has in ``current``."""
-    if current is None:
-        return
+def _keep_times(chunk: list[dict[str, Any]], existing: list[dict[str, Any]]) -> None:
+    """Give each taint in ``chunk`` the ``timeAdded`` it already has in the ``existing`` slices."""
     added = {
         (d.get("name"), t.get("key"), t.get("effect")): t["timeAdded"]
+        for current in existing
         for d in current.get("spec", {}).get("devices") or []
         for t in d.get("taints") or []
         if t.get("timeAdded")
@@ -145,12 +154,32 @@ def _attribute(value: object) -> dict[str, Any]:
 
 
 def slice_name(driver: str, node: str, index: int) -> str:
-    """The name of slice ``index`` of this driver's pool on ``node`` (a DNS subdomain)."""
+    """The name an earlier version gave slice ``index`` of the pool (adopted like any other
+    of the driver's slices on the node; new slices get :func:`slice_name_prefix`)."""
+    return f"{slice_name_prefix(driver, node)}{index}"
+
+
+def slice_name_prefix(driver: str, node: str) -> str:
+    """The ``metadata.generateName`` of this driver's slices on ``node``: the API server adds
+    a unique suffix, so two driver/node pairs with the same ``<node>-<driver>`` never collide.
+    """
     base = f"{node}-{driver}"
     if len(base) > 230:
         digest = hashlib.sha256(base.encode()).hexdigest()[:10]
         base = f"{base[:219].rstrip('-.')}-{digest}"
-    return f"{base}-{index}"
+    return f"{base}-"
+
+
+def _key(content: dict[str, Any]) -> str:
+    return json.dumps(content, sort_keys=True)
+
+
+def _content(spec: dict[str, Any]) -> dict[str, Any]:
+    """What a stored slice's spec holds, in the shape of a chunk: its counter sets, or its
+    devices less the ``timeAdded`` the API server puts on each taint."""
+    if spec.get("sharedCounters"):
+        return {"sharedCounters": spec["sharedCounters"]}
+    return {"devices": _without_times(spec.get("devices") or [])}
 
 
 class SlicePublisher:
@@ -244,13 +273,12 @@ class SlicePublisher:
                 log.info("ResourceSlice conflict (%s); listing again", exc)
 
     async def _reconcile_once(self, devices: Sequence[Device]) -> None:
-        if self._node_uid is None:
-            node = await asyncio.to_thread(self.kube.get_node, self.node)
-            self._node_uid = str(node.get("metadata", {}).get("uid", ""))
-        existing = {
-            s["metadata"]["name"]: s
-            for s in await asyncio.to_thread(self.kube.list_slices, self.driver, self.node)
-        }
+        # This driver's slices of this node's pool, found by their fields, never by name:
+        # slices of an earlier version (named <node>-<driver>-<n>) are adopted the same way.
+        existing = sorted(
+            await self.kube.list_slices(self.driver, self.node),
+            key=lambda s: str(s["metadata"].get("name")),
+        )
         if self.taints_supported:
             published = [device_object(d, self.taints) for d in devices]
         else:
@@ -261,33 +289,42 @@ class SlicePublisher:
         chunks: list[dict[str, Any]] = [
             {"sharedCounters": c} for c in counters.counter_set_chunks(sets)
         ] + [{"devices": c} for c in _chunks(published)]
-        wanted = {slice_name(self.driver, self.node, i): c for i, c in enumerate(chunks)}
         generations = [
-            int(s.get("spec", {}).get("pool", {}).get("generation", 0)) for s in existing.values()
+            int(s.get("spec", {}).get("pool", {}).get("generation", 0)) for s in existing
         ]
-        if self._unchanged(existing, wanted, generations):
+        if self._node_uid is not None and self._unchanged(existing, chunks, generations):
             self.generation = generations[0]
             log.debug("ResourceSlices up to date (generation %d)", self.generation)
             return
+        # About to write: the Node's UID now (a Node deleted and created again has a new
+        # one; slices owned by the old UID are garbage-collected).
+        node = await self.kube.get_node(self.node)
+        uid = str(node.get("metadata", {}).get("uid", ""))
+        if uid != self._node_uid and self._node_uid is not None:
+            log.info("Node %s has a new UID %s (was %s)", self.node, uid, self._node_uid)
+        self._node_uid = uid
+        if self._unchanged(existing, chunks, generations):
+            self.generation = generations[0]
+            return
         self.generation = max([self.generation, *generations]) + 1
         dropped = counters_gone = False
-        for name, chunk in wanted.items():
-            current = existing.get(name)
-            _keep_times(chunk.get("devices", []), current)
-            body = self._slice(name, chunk, len(wanted))
+        for index, chunk in enumerate(chunks):
+            current = existing[index] if index < len(existing) else None
+            _keep_times(chunk.get("devices", []), existing)
+            body = self._slice(chunk, len(chunks))
             if current is None:
-                stored = await asyncio.to_thread(self.kube.create_slice, body)
+                stored = await self.kube.create_slice(body)
             else:
+                body["metadata"]["name"] = current["metadata"]["name"]
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                stored = await asyncio.to_thread(self.kube.replace_slice, body)
+                stored = await self.kube.replace_slice(body)
             self.writes += 1
             dropped = dropped or _taints_dropped(body, stored)
             counters_gone = counters_gone or counters.counters_dropped(body, stored)
-        for name, stale in existing.items():
-            if name not in wanted:
-                version = stale["metadata"].get("resourceVersion")
-                await asyncio.to_thread(self.kube.delete_slice, name, version)
-                self.writes += 1
+        for stale in existing[len(chunks) :]:
+            version = stale["metadata"].get("resourceVersion")
+            await self.kube.delete_slice(stale["metadata"]["name"], version)
+            self.writes += 1
         if counters_gone and self.counters_supported:
             self.counters_supported = False
             log.warning(
@@ -311,39 +348,36 @@ class SlicePublisher:
             "published %d devices (%d tainted) in %d ResourceSlices (pool %s, generation %d)",
             len(published),
             tainted,
-            len(wanted),
+            len(chunks),
             self.node,
             self.generation,
         )
 
     def _unchanged(
         self,
-        existing: dict[str, dict[str, Any]],
-        wanted: dict[str, dict[str, Any]],
+        existing: list[dict[str, Any]],
+        chunks: list[dict[str, Any]],
         generations: list[int],
     ) -> bool:
-        if set(existing) != set(wanted) or len(set(generations)) != 1:
+        if len(existing) != len(chunks) or len(set(generations)) != 1:
             return False
-        for name, chunk in wanted.items():
-            spec = existing[name].get("spec", {})
+        for current in existing:
+            spec = current.get("spec", {})
             pool = spec.get("pool", {})
-            owners = existing[name]["metadata"].get("ownerReferences") or []
+            owners = current["metadata"].get("ownerReferences") or []
             if (
-                _without_times(spec.get("devices") or []) != chunk.get("devices", [])
-                or spec.get("sharedCounters") != chunk.get("sharedCounters")
-                or pool.get("name") != self.node
-                or pool.get("resourceSliceCount") != len(wanted)
-                or not any(o.get("uid") == self._node_uid for o in owners)
-            ):
+                pool.get("name") != self.node or pool.get("resourceSliceCount") != len(chunks)
+            ) or not any(o.get("uid") == self._node_uid for o in owners):
                 return False
-        return True
+        stored = sorted(_key(_content(s.get("spec", {}))) for s in existing)
+        return stored == sorted(_key(c) for c in chunks)
 
-    def _slice(self, name: str, content: dict[str, Any], count: int) -> dict[str, Any]:
+    def _slice(self, content: dict[str, Any], count: int) -> dict[str, Any]:
         return {
             "apiVersion": _API_VERSION,
             "kind": "ResourceSlice",
             "metadata": {
-                "name": name,
+                "generateName": slice_name_prefix(self.driver, self.node),
                 "ownerReferences": [
                     {
                         "apiVersion": "v1",
@@ -373,7 +407,7 @@ async def delete_slices(kube: KubeClient, driver: str, node: str) -> int:
     Raises:
         KubeApiError: The API server refused or could not be reached.
     """
-    slices = await asyncio.to_thread(kube.list_slices, driver, node)
+    slices = await kube.list_slices(driver, node)
     for item in slices:
-        await asyncio.to_thread(kube.delete_slice, item["metadata"]["name"])
+        await kube.delete_slice(item["metadata"]["name"])
     return len(slices)

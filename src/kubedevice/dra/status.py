@@ -226,9 +226,7 @@ class ClaimStatusWriter:
 
     async def _write(self, claim: PreparedClaim) -> None:
         body = self.body(claim)
-        await asyncio.to_thread(
-            self.kube.apply_claim_status, claim.ref.namespace, claim.ref.name, body, self.manager
-        )
+        await self.kube.apply_claim_status(claim.ref.namespace, claim.ref.name, body, self.manager)
         self.writes += 1
         log.debug("status of claim %s written (%d devices)", claim.ref, len(claim.devices))
         live = set(self.checkpoint.claims)
