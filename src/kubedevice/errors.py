@@ -17,6 +17,7 @@
     ├── ConformanceFailure           a conformance run found a MUST failure
     ├── ClaimError                   a DRA claim cannot be prepared (its text goes to the kubelet)
     ├── KubeApiError                 the Kubernetes API server refused a DRA driver's call
+    ├── InstanceLockError            another instance of the DRA driver runs on this node
     └── AdvertiseError               the API server refused a node-status patch or was unreachable
 
 Library code raises these and never exits the process; only the CLI maps them to exit
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigError",
     "ConformanceFailure",
     "EmulatorError",
+    "InstanceLockError",
     "InvalidResourceNameError",
     "KubeApiError",
     "KubeDeviceError",
@@ -130,6 +132,11 @@ class KubeApiError(KubeDeviceError):
     def __init__(self, message: str, status: int = 0) -> None:
         self.status = status
         super().__init__(message)
+
+
+class InstanceLockError(KubeDeviceError):
+    """Another instance of the same DRA driver holds the node's lock file: this one must
+    not serve (the two would take each other's sockets and overwrite one checkpoint)."""
 
 
 class NvmlError(KubeDeviceError):

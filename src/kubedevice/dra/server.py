@@ -1,6 +1,7 @@
 """DriverServer: one DRA driver's sockets, registration, devices, slices and health.
 
-Start-up order: the checkpoint is loaded and handed to the driver's ``restore`` hook, the
+Start-up order: the node's lock file (``plugins/<driver>/driver.lock``) is taken (a second
+instance of the driver refuses to start, naming the holder), the checkpoint is loaded and handed to the driver's ``restore`` hook, the
 first device list is awaited, the DRA socket serves (``v1.DRAPlugin``,
 ``v1beta1.DRAPlugin`` and, unless turned off, ``v1alpha1.DRAResourceHealth``), then the
 registration socket appears in the kubelet's ``plugins_registry/`` (the kubelet dials the
@@ -34,6 +35,7 @@ from kubedevice.dra.counters import check_counters
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.health import HealthService
 from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.lock import InstanceLock
 from kubedevice.dra.observed import ObservedServicer
 from kubedevice.dra.registration import RegistrationService, supported_versions
 from kubedevice.dra.service import ClaimService, V1beta1Servicer, V1Servicer
@@ -74,6 +76,7 @@ class DriverServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._watchers: list[DirWatcher] = []
         self._repair = asyncio.Event()
+        self.lock = InstanceLock(settings.lock, f"DRA driver {settings.driver_name}")
         self.checkpoint = Checkpoint(settings.checkpoint, settings.driver_name)
         self.cdi = CdiWriter(settings.cdi_dir, settings.driver_name)
         self.health = HealthService(settings.node_name)
@@ -116,12 +119,14 @@ class DriverServer:
         """Serve and register; returns once both sockets are up.
 
         Raises:
+            InstanceLockError: Another instance of the driver runs on this node.
             ConfigError: The API client cannot be configured.
             KubeDeviceError: The driver's ``restore`` hook failed, its device list failed
                 before its first snapshot, or a socket cannot be served.
         """
         s = self.settings
         self._failed = asyncio.get_running_loop().create_future()
+        self.lock.acquire()  # before the checkpoint is read or a socket touched
         if self._kube is None:
             self._kube = await asyncio.to_thread(KubeClient.connect, s.kubeconfig)
         await asyncio.to_thread(self.checkpoint.load)
@@ -190,6 +195,7 @@ class DriverServer:
         if self._own_kube and self._kube is not None:
             self._kube.close()
             self._kube = None
+        self.lock.release()
 
     async def wait_failed(self) -> BaseException | None:
         """Wait until a background job of the server fails; its error."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubedevice.dra.lock import LOCK_FILE
 from kubedevice.dra.names import dra_socket_path, registration_socket_path
 
 __all__ = ["CHECKPOINT_FILE", "Settings"]
@@ -49,6 +50,11 @@ class Settings:
     def registration_socket(self) -> Path:
         """The Registration service's socket in the kubelet's ``plugins_registry/``."""
         return registration_socket_path(self.kubelet_dir, self.driver_name)
+
+    @property
+    def lock(self) -> Path:
+        """The lock file one instance of the driver holds while it runs."""
+        return self.plugin_dir / LOCK_FILE
 
     @property
     def checkpoint(self) -> Path:

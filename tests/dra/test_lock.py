@@ -1,0 +1,85 @@
+"""One DRA driver instance per node: the lock file (real flock, real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra import clients
+from dra.fakes import DRIVER, FakeDriver, gpus, server
+from kubedevice.dra.lock import LOCK_FILE, InstanceLock
+from kubedevice.errors import InstanceLockError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_second_lock_is_refused_naming_the_file_and_the_holder(tmp_path: Path) -> None:
+    path = tmp_path / "plugins" / "x" / LOCK_FILE
+    first = InstanceLock(path, "DRA driver x")
+    first.acquire()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    # another process (flock locks belong to the open file: a child opens its own)
+    child = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from kubedevice.dra.lock import InstanceLock\n"
+         "try:\n"
+         f"    InstanceLock(Path({str(path)!r}), 'DRA driver x').acquire()\n"
+         "except Exception as exc:\n"
+         "    print(exc); sys.exit(3)\n"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert child.returncode == 3, child.stderr
+    assert str(path) in child.stdout
+    assert f"pid {os.getpid()}" in child.stdout
+    assert "another instance of DRA driver x" in child.stdout
+    first.release()
+    again = InstanceLock(path, "DRA driver x")
+    again.acquire()  # free once released
+    again.release()
+
+
+def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from kubedevice.dra.lock import InstanceLock\n"
+         f"InstanceLock(Path({str(path)!r}), 'x').acquire(); print('held', flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(InstanceLockError, match=f"pid {holder.pid}"):
+            InstanceLock(path, "x").acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    lock = InstanceLock(path, "x")
+    lock.acquire()
+    lock.release()
+
+
+async def test_a_second_server_refuses_and_the_first_keeps_serving(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name) as first:
+        dra_sock = first.settings.dra_socket
+        identity = dra_sock.stat().st_ino
+        second = server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name)
+        with pytest.raises(InstanceLockError) as caught:
+            await second.start()
+        await second.stop()
+        assert str(kdir / "plugins" / DRIVER / LOCK_FILE) in str(caught.value)
+        # the first's sockets are untouched and it still answers
+        assert dra_sock.stat().st_ino == identity
+        info = await asyncio.wait_for(clients.get_info(first.settings.registration_socket), 10)
+        assert info.endpoint == str(dra_sock)
