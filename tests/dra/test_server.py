@@ -332,7 +332,11 @@ async def test_checkpoint_is_replaced_whole_never_written_in_place(
         assert stat.S_IMODE(after.st_mode) == 0o600
         assert list(first["claims"]) == [refs[0][2]]  # the reader still has a whole file
         assert set(json.loads(path.read_text())["claims"]) == {refs[0][2], refs[1][2]}
-        assert sorted(os.listdir(plugin_dir)) == ["checkpoint.json", "dra.sock", "driver.lock"]  # no temp
+        assert sorted(os.listdir(plugin_dir)) == [
+            "checkpoint.json",
+            "dra.sock",
+            "driver.lock",
+        ]  # no temp
 
 
 class _ThousandsOfResults(KubeClient):
