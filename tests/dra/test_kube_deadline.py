@@ -18,7 +18,7 @@ import pytest
 from dra import clients
 from dra.conftest import REPO
 from dra.fakes import DRIVER, FakeDriver, gpus, server
-from dra.slowapi import SlowApi, slow_api
+from dra.slowapi import slow_api
 from kubedevice.dra.kube import DEFAULT_DEADLINE_S, KubeClient
 from kubedevice.errors import KubeApiError
 
@@ -45,7 +45,7 @@ async def test_a_call_ends_at_its_deadline(tmp_path: Path, how: str) -> None:
         client = KubeClient.connect(api.kubeconfig(tmp_path / "kc"), deadline_s=1.5)
         try:
             t0 = time.monotonic()
-            with pytest.raises(KubeApiError, match="no complete answer within 1.5 s"):
+            with pytest.raises(KubeApiError, match=r"no complete answer within 1\.5 s"):
                 await asyncio.wait_for(client.get_claim("ns", "c"), 20)
             took = time.monotonic() - t0
         finally:
@@ -107,7 +107,7 @@ async def test_unprepare_does_not_wait_behind_prepares_stuck_on_the_api_server(
         api.on(f"{CLAIMS}/slow", "stall", 20)
         kube = KubeClient.connect(api.kubeconfig(tmp_path / "kc"))
         srv = server(FakeDriver(gpus(2)), kdir, tmp_path / "kc", node, publish=False)
-        srv._kube = kube  # noqa: SLF001 (the slow server's client)
+        srv._kube = kube
         try:
             async with srv:
                 sock = srv.settings.dra_socket

@@ -48,7 +48,7 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
     path = tmp_path / LOCK_FILE
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from pathlib import Path; from kubedevice.dra.lock import InstanceLock\n"
+         "import time; from pathlib import Path; from kubedevice.dra.lock import InstanceLock\n"
          f"InstanceLock(Path({str(path)!r}), 'x').acquire(); print('held', flush=True)\n"
          "time.sleep(60)\n"],
         stdout=subprocess.PIPE, text=True,
