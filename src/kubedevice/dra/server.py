@@ -3,9 +3,9 @@
 Start-up order: the node's lock file (``plugins/<driver>/driver.lock``) is taken (a second
 instance of the driver refuses to start, naming the holder), the checkpoint is loaded and
 handed to the driver's ``restore`` hook, the first device list is awaited, the DRA socket
-serves (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, unless turned off, ``v1alpha1.DRAResourceHealth``), then the
-registration socket appears in the kubelet's ``plugins_registry/`` (the kubelet dials the
-DRA socket only after that). inotify on both
+serves (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, unless turned off,
+``v1alpha1.DRAResourceHealth``), then the registration socket appears in the kubelet's
+``plugins_registry/`` (the kubelet dials the DRA socket only after that). inotify on both
 directories puts a socket back within milliseconds when it is removed; the kubelet's
 re-registration (after its restart) republishes the slices. On stop the registration
 socket goes first, then the DRA socket; slices stay (a restarted driver adopts them; the
