@@ -14,15 +14,13 @@ from typing import Final
 
 from kubedevice.errors import ConfigError
 
-__all__ = ["IN_CLUSTER_HOST_ENV", "KUBECONFIG_HELP", "resolve_kubeconfig"]
+__all__ = ["IN_CLUSTER_HOST_ENV", "KUBECONFIG_DEFAULT", "KUBECONFIG_HELP", "resolve_kubeconfig"]
 
 #: Set in every pod: where the in-cluster service account's API server is.
 IN_CLUSTER_HOST_ENV: Final = "KUBERNETES_SERVICE_HOST"
-#: What ``--help`` says of the order (the same for every command).
-KUBECONFIG_HELP: Final = (
-    "a kubeconfig file [default: $KUBECONFIG, then ~/.kube/config, then the in-cluster "
-    "service account]"
-)
+#: What ``--help`` says of ``--kubeconfig`` and of its default (the same for every command).
+KUBECONFIG_HELP: Final = "The kubeconfig file to reach the API server with."
+KUBECONFIG_DEFAULT: Final = "$KUBECONFIG, then ~/.kube/config, then the in-cluster service account"
 
 
 def resolve_kubeconfig(explicit: str | os.PathLike[str] | None) -> Path | None:

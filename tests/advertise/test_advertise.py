@@ -366,7 +366,7 @@ def test_missing_kubeconfig(tmp_path: Path) -> None:
     proc = _advertise(tmp_path, "--kubeconfig", str(tmp_path / "no"), "n1", "example.com/foo=1")
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
-    assert line == f"error: kubeconfig {tmp_path / 'no'} does not exist"
+    assert line == f"error: kubeconfig {tmp_path / 'no'} does not exist (--kubeconfig)"
     (tmp_path / "bad").write_text("clusters: 7\n")
     proc = _advertise(tmp_path, "--kubeconfig", str(tmp_path / "bad"), "n1", "example.com/foo=1")
     assert proc.returncode == 2

@@ -14,7 +14,7 @@ import yaml
 from kubedevice.errors import ConfigError
 from kubedevice.kubeconfig import resolve_kubeconfig
 
-__all__ = ["IN_CLUSTER_TOKEN", "Target", "kubeconfig_path", "read_target"]
+__all__ = ["IN_CLUSTER_TOKEN", "NO_CLUSTER", "Target", "kubeconfig_path", "read_target"]
 
 #: The service-account token file of a pod.
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -29,6 +29,10 @@ class Target:
     source: str
     #: How the Authorization header would be made, in words ("" when none is sent).
     authorization: str
+
+
+#: The target a dry run shows when there is no kubeconfig at all (and this is not a pod).
+NO_CLUSTER = Target("https://<api-server>", "no kubeconfig", "")
 
 
 def kubeconfig_path(kubeconfig: str | None) -> str | None:
@@ -60,11 +64,18 @@ def _auth_words(user: dict[str, Any], name: str) -> str:
     return ""
 
 
-def read_target(kubeconfig: str | None, context: str | None) -> Target:
+def read_target(kubeconfig: str | None, context: str | None, *, dry_run: bool = False) -> Target:
     """The API server and credential kind, from the kubeconfig or the pod's environment.
 
     Reads files only; ConfigError naming the file and field when something is missing.
+    With ``dry_run``, no kubeconfig at all (none named, none at ``~/.kube/config``, not a
+    pod) is :data:`NO_CLUSTER` instead of an error: a dry run needs no cluster.
     """
+    if dry_run and not kubeconfig and not os.environ.get("KUBECONFIG"):
+        try:
+            resolve_kubeconfig(None)
+        except ConfigError:
+            return NO_CLUSTER
     path = kubeconfig_path(kubeconfig)
     if path is None:
         host = os.environ.get("KUBERNETES_SERVICE_HOST", "")

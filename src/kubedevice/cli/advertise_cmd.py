@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from kubedevice.errors import KubeDeviceError
+from kubedevice.kubeconfig import KUBECONFIG_DEFAULT, KUBECONFIG_HELP
 
 __all__ = ["COMMANDS"]
 
@@ -26,14 +27,15 @@ __all__ = ["COMMANDS"]
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Print the request (URL, every header, body); send nothing, load no credentials.",
+    help="Print the request (URL, every header, body); send nothing, load no credentials "
+    "(no kubeconfig needed: the server is then shown as <api-server>).",
 )
 @click.option(
     "--kubeconfig",
     default=None,
-    show_default="$KUBECONFIG, else ~/.kube/config, else the in-cluster service account",
+    show_default=KUBECONFIG_DEFAULT,
     type=click.Path(dir_okay=False),
-    help="The kubeconfig file to reach the API server with.",
+    help=KUBECONFIG_HELP,
 )
 @click.option(
     "--context",
@@ -71,7 +73,13 @@ def advertise_command(
         request = build_patch(node, resources, remove)
         if dry_run:
             # plain file reads: no credential plugin runs, nothing is written or sent
-            target = read_target(kubeconfig, context)
+            target = read_target(kubeconfig, context, dry_run=True)
+            if target.source == "no kubeconfig":
+                click.echo(
+                    "note: no kubeconfig (none given, $KUBECONFIG unset, no ~/.kube/config, "
+                    "not a pod): the API server is shown as <api-server>",
+                    err=True,
+                )
             click.echo(request.render(target.server, target.authorization))
             return
         capacity = send(load_connection(kubeconfig, context), request, timeout)

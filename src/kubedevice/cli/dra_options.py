@@ -3,24 +3,45 @@
 Used by ``kubedevice nvidia dra`` and ``kubedevice run --dra``. No logic: the options
 become :class:`~kubedevice.dra.DriverOptions` and :mod:`kubedevice.dra` does the work; a
 bad option or environment exits 2 with one line, a failed ``--cleanup`` exits 1.
+
+SIGHUP reloads the driver's config all or nothing: the new file is read and checked while
+the driver keeps serving; a bad one is one error line and nothing changes; a good one
+stops the driver cleanly (sockets removed, checkpoint and slices kept) and starts the
+same command again in the same process (``exec``), which publishes the new devices.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from kubedevice.cli.fastexit import end_process_after_stop, owns_process
 from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.kubeconfig import KUBECONFIG_DEFAULT, KUBECONFIG_HELP
 from kubedevice.signals import stop_on_signals
 
 if TYPE_CHECKING:
-    from kubedevice.dra import Driver, DriverOptions
+    from kubedevice.dra import Device, Driver, DriverOptions
 
-__all__ = ["PRINT_DEVICE_CLASSES", "dra_options", "driver_options", "print_classes", "run_driver"]
+__all__ = [
+    "PRINT_DEVICE_CLASSES",
+    "cleanup_only_driver",
+    "dra_options",
+    "driver_options",
+    "print_classes",
+    "refuse_with_dra",
+    "run_driver",
+]
+
+log = logging.getLogger("kubedevice.cli.dra")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,6 +67,16 @@ def print_classes(classes: list[dict[str, Any]]) -> None:
     from kubedevice.dra.classes import dump_classes
 
     click.echo(dump_classes(classes), nl=False)
+
+
+def refuse_with_dra(*names: str) -> None:
+    """Exit 2 with one line if a device-plugin-only flag (by parameter name) was given on
+    the command line with ``--dra``."""
+    ctx = click.get_current_context()
+    for name in names:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            flag = "--" + name.replace("_", "-")
+            _fail(f"{flag} means nothing for a DRA driver (--dra); leave it out")
 
 
 def dra_options(default_driver_name: str, *, cdi_default: str) -> Callable[[F], F]:
@@ -88,9 +119,17 @@ def dra_options(default_driver_name: str, *, cdi_default: str) -> Callable[[F], 
             click.option(
                 "--kubeconfig",
                 default=None,
-                show_default="the in-cluster service account",
+                show_default=KUBECONFIG_DEFAULT,
                 type=click.Path(dir_okay=False, path_type=Path),
-                help="The kubeconfig file to reach the API server with.",
+                help=KUBECONFIG_HELP,
+            ),
+            click.option(
+                "--api-timeout",
+                default=30.0,
+                show_default=True,
+                type=click.FloatRange(0.5, 300),
+                help="Seconds one API call may take in all, retries included (keep it under "
+                "the kubelet's 45 s for a claim).",
             ),
             click.option(
                 "--no-health", is_flag=True, help="Do not serve the kubelet's health stream."
@@ -107,7 +146,7 @@ def dra_options(default_driver_name: str, *, cdi_default: str) -> Callable[[F], 
                 "--cleanup",
                 is_flag=True,
                 help="Remove this driver's ResourceSlices on this node and its CDI specs, "
-                "then exit (on uninstall).",
+                "then exit (on uninstall; needs no config file).",
             ),
         ]
         for option in reversed(options):
@@ -126,6 +165,7 @@ def driver_options(
     no_health: bool,
     evict_on: tuple[str, ...] = (),
     metrics_address: str | None = None,
+    api_timeout: float = 30.0,
 ) -> DriverOptions:
     """The :class:`~kubedevice.dra.DriverOptions` of the parsed options."""
     from kubedevice.dra import DriverOptions
@@ -139,12 +179,36 @@ def driver_options(
         health=not no_health,
         evict_on=tuple(evict_on),
         metrics_address=metrics_address,
+        api_timeout=api_timeout,
     )
 
 
-def run_driver(driver: Driver, options: DriverOptions, *, cleanup: bool) -> None:
+def cleanup_only_driver(driver_name: str) -> Driver:
+    """A driver with a name and no devices, for ``--cleanup`` (which needs no config)."""
+    from kubedevice.dra import Driver
+
+    class _Named(Driver):
+        async def devices(self) -> AsyncIterator[Sequence[Device]]:  # never served
+            yield ()
+
+    named = _Named()
+    named.driver_name = driver_name  # type: ignore[misc]
+    return named
+
+
+def run_driver(
+    driver: Driver,
+    options: DriverOptions,
+    *,
+    cleanup: bool,
+    reload: Callable[[], object] | None = None,
+) -> None:
     """Serve ``driver`` until SIGTERM/SIGINT (status 0), or with ``cleanup`` remove its
     slices and CDI specs and exit.
+
+    ``reload`` reads and checks the config file again (raising
+    :class:`~kubedevice.errors.ConfigError` when it is bad): SIGHUP calls it, and on success
+    the driver stops cleanly and the command starts again in the same process.
     """
     from kubedevice import dra
 
@@ -158,12 +222,45 @@ def run_driver(driver: Driver, options: DriverOptions, *, cleanup: bool) -> None
         click.echo(f"removed {removed} ResourceSlice(s) and CDI spec(s)")
         return
 
-    async def _main() -> None:
+    async def _main() -> bool:
         stop = asyncio.Event()
-        with stop_on_signals(stop):
-            await dra.serve(driver, options, stop=stop)
+        restart = False
+
+        def on_hangup() -> None:
+            nonlocal restart
+            if reload is None:
+                log.warning("SIGHUP: this driver has no config file to reload")
+                return
+            try:
+                reload()
+            except KubeDeviceError as exc:
+                log.error("SIGHUP: the config is not reloaded (the running one stays): %s", exc)
+                return
+            log.info("SIGHUP: the new config is valid; restarting the driver to apply it")
+            restart = True
+            stop.set()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
+        try:
+            with stop_on_signals(stop):
+                await dra.serve(driver, options, stop=stop)
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+        return restart
 
     try:
-        asyncio.run(_main())
+        restart = asyncio.run(_main())
     except KubeDeviceError as exc:
         _fail(str(exc))
+    if restart and owns_process():
+        _exec_again()
+    end_process_after_stop(0)
+
+
+def _exec_again() -> NoReturn:
+    """Start this very command again in this process (same PID, same arguments)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execv(sys.executable, sys.orig_argv)

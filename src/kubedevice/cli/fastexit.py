@@ -21,17 +21,22 @@ import sys
 
 import click
 
-__all__ = ["OWN_PROCESS", "end_process_after_stop"]
+__all__ = ["OWN_PROCESS", "end_process_after_stop", "owns_process"]
 
 #: The key in the click context's ``obj`` that says the command owns the process.
 OWN_PROCESS = "kubedevice.own_process"
 
 
-def end_process_after_stop(code: int = 0) -> None:
-    """End the process with ``code`` when the running command owns it; else return."""
+def owns_process() -> bool:
+    """Whether the running command owns the process (the ``kubedevice`` command itself)."""
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx is not None else None
-    if not isinstance(obj, dict) or not obj.get(OWN_PROCESS):
+    return isinstance(obj, dict) and bool(obj.get(OWN_PROCESS))
+
+
+def end_process_after_stop(code: int = 0) -> None:
+    """End the process with ``code`` when the running command owns it; else return."""
+    if not owns_process():
         return
     atexit._run_exitfuncs()  # what interpreter exit runs first (grpc's shutdown, finalizers)
     logging.shutdown()

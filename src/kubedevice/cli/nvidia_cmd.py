@@ -11,11 +11,13 @@ import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kubedevice.cli.dra_options import (
     PRINT_DEVICE_CLASSES,
+    cleanup_only_driver,
     dra_options,
     driver_options,
     print_classes,
@@ -23,6 +25,7 @@ from kubedevice.cli.dra_options import (
 )
 from kubedevice.cli.fastexit import end_process_after_stop
 from kubedevice.cli.options import (
+    DEFAULT_CDI_DIR,
     OUTPUT_HELP,
     device_plugin_dir_option,
     metrics_address_option,
@@ -31,6 +34,9 @@ from kubedevice.cli.options import (
 )
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
 from kubedevice.signals import stop_on_signals
+
+if TYPE_CHECKING:
+    from kubedevice.nvidia.config import Config
 
 __all__ = ["COMMANDS"]
 
@@ -191,6 +197,7 @@ def dra_command(
     kubelet_dir: Path,
     cdi_dir: Path | None,
     kubeconfig: Path | None,
+    api_timeout: float,
     no_health: bool,
     evict_on: tuple[str, ...],
     cleanup: bool,
@@ -205,14 +212,26 @@ def dra_command(
     """Run the GPU DRA driver: the GPUs as devices of ResourceSlices, prepared per claim.
 
     Reads the same config file as nvidia run (migStrategy, health policies, roots).
-    SIGTERM or SIGINT stops cleanly with status 0. With --print-device-classes, prints the
-    DeviceClasses that serve the plugin's resource names from this driver (under a MIG
-    strategy, this node's MIG profiles are read through --nvml) and exits.
+    SIGHUP reloads it all or nothing (a valid one restarts the driver in place; an invalid
+    one is logged and the old one keeps running). SIGTERM or SIGINT stops cleanly with
+    status 0. --cleanup needs neither the config file nor NVML. With
+    --print-device-classes, prints the DeviceClasses that serve the plugin's resource names
+    from this driver (under a MIG strategy, this node's MIG profiles are read through
+    --nvml) and exits.
     """
     from kubedevice.nvidia.backends import open_backend
     from kubedevice.nvidia.config import load_config
 
-    try:
+    if cleanup and not print_device_classes:  # the driver's name only: the config may be gone
+        # without the config, its flags.cdiDir is unknown: --cdi-dir, else the default
+        options = driver_options(
+            driver_name, node_name, kubelet_dir, cdi_dir or Path(DEFAULT_CDI_DIR), kubeconfig,
+            no_health, api_timeout=api_timeout,
+        )  # fmt: skip
+        run_driver(cleanup_only_driver(driver_name), options, cleanup=True)
+        return
+
+    def load() -> Config:
         config = load_config(config_path).with_overrides(
             dev_root=dev_root,
             sys_root=sys_root,
@@ -222,6 +241,10 @@ def dra_command(
         )
         if mig_on_demand:
             config = replace(config, dra=replace(config.dra, mig_on_demand=True))
+        return config
+
+    try:
+        config = load()
         backend = open_backend(nvml)
         from kubedevice.nvidia.dra import GpuDraDriver
     except ConfigError as exc:
@@ -257,16 +280,16 @@ def dra_command(
         no_health,
         tuple(config.health.evict_on) + tuple(evict_on),
         metrics_address,
+        api_timeout,
     )
-    if not cleanup:
-        try:
-            options.resolved(driver)  # a bad name or no node name: before NVML starts
-            driver.open()
-        except NvmlError as exc:
-            _fail(_nvml_line(exc))
-        except KubeDeviceError as exc:
-            _fail(str(exc))
-    run_driver(driver, options, cleanup=cleanup)
+    try:
+        options.resolved(driver)  # a bad name or no node name: before NVML starts
+        driver.open()
+    except NvmlError as exc:
+        _fail(_nvml_line(exc))
+    except KubeDeviceError as exc:
+        _fail(str(exc))
+    run_driver(driver, options, cleanup=False, reload=load)
 
 
 @nvidia.command("info")

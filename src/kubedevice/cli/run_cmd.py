@@ -16,9 +16,11 @@ import click
 
 from kubedevice.cli.dra_options import (
     PRINT_DEVICE_CLASSES,
+    cleanup_only_driver,
     dra_options,
     driver_options,
     print_classes,
+    refuse_with_dra,
     run_driver,
 )
 from kubedevice.cli.fastexit import end_process_after_stop
@@ -87,6 +89,7 @@ def run_command(
     kubelet_dir: Path,
     cdi_dir: Path | None,
     kubeconfig: Path | None,
+    api_timeout: float,
     no_health: bool,
     evict_on: tuple[str, ...],
     cleanup: bool,
@@ -97,14 +100,24 @@ def run_command(
     Hot-plug is event-driven (inotify); SIGHUP or a change to the file reloads the config
     (an invalid new config is rejected and the old one keeps running); SIGTERM or SIGINT
     stops cleanly with status 0. With --dra, the same devices are served as a DRA driver
-    (the --driver-name ... --cleanup options apply only then); --dra
-    --print-device-classes prints the DeviceClasses that serve the config's resource names
-    from the DRA driver, and exits.
+    (the --driver-name ... --cleanup options apply only then; --device-plugin-dir is
+    refused): SIGHUP reloads the config all or nothing (a valid one
+    restarts the driver in place; an invalid one is logged and the old one keeps running);
+    --dra --print-device-classes prints the DeviceClasses that serve the config's resource
+    names from the DRA driver, and exits.
     """
     if print_device_classes and not dra:
         _fail("--print-device-classes needs --dra (the classes serve the DRA driver's devices)")
     _need_generic(daemon=True)
     if dra:
+        refuse_with_dra("device_plugin_dir")
+        if cleanup and not print_device_classes:  # the name only: the config may be gone
+            options = driver_options(
+                driver_name, node_name, kubelet_dir, cdi_dir or Path(DEFAULT_CDI_DIR),
+                kubeconfig, no_health, api_timeout=api_timeout,
+            )  # fmt: skip
+            run_driver(cleanup_only_driver(driver_name), options, cleanup=True)
+            return
         from kubedevice.generic import load_config
 
         try:
@@ -131,8 +144,14 @@ def run_command(
             no_health,
             tuple(cfg.evict_on) + tuple(evict_on),
             metrics_address,
+            api_timeout,
         )
-        run_driver(GenericDraDriver(cfg), options, cleanup=cleanup)
+        run_driver(
+            GenericDraDriver(cfg),
+            options,
+            cleanup=False,
+            reload=lambda: load_config(config).with_roots(dev_root, sys_root),
+        )
         return
     from kubedevice.generic import run_generic
 

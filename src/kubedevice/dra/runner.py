@@ -20,6 +20,7 @@ from typing import Final
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.settings import Settings
 from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.kubeconfig import KUBECONFIG_DEFAULT, KUBECONFIG_HELP
 from kubedevice.log import (
     ENV_LOG_FORMAT,
     ENV_LOG_LEVEL,
@@ -29,6 +30,7 @@ from kubedevice.log import (
 from kubedevice.signals import stop_on_signals
 
 __all__ = [
+    "DEFAULT_API_TIMEOUT_S",
     "DEFAULT_CDI_DIR",
     "DEFAULT_KUBELET_DIR",
     "ENV_NODE_NAME",
@@ -49,6 +51,8 @@ DEFAULT_KUBELET_DIR: Final = Path("/var/lib/kubelet")
 DEFAULT_CDI_DIR: Final = Path("/var/run/cdi")
 #: The environment variable ``--node-name`` defaults to (set it from the downward API).
 ENV_NODE_NAME: Final = "NODE_NAME"
+#: The total time of one API call, retries included (``--api-timeout``).
+DEFAULT_API_TIMEOUT_S: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +64,8 @@ class DriverOptions:
         node_name: This node's name (the pool's name too); ``None`` takes ``$NODE_NAME``.
         kubelet_dir: The kubelet's root dir (``plugins_registry/``, ``plugins/<driver>/``).
         cdi_dir: Where the claims' CDI specs are written.
-        kubeconfig: A kubeconfig file; ``None`` uses the in-cluster service account.
+        kubeconfig: A kubeconfig file; ``None``: ``$KUBECONFIG``, else ``~/.kube/config``,
+            else the in-cluster service account.
         publish: Publish ResourceSlices (off: the driver only serves the kubelet).
         health: Serve the ``v1alpha1.DRAResourceHealth`` stream.
         evict_on: Faults whose device taint is ``NoExecute`` (``xid``, ``xid=79``,
@@ -70,6 +75,8 @@ class DriverOptions:
             and ``/readyz`` on; ``None`` serves none.
         claim_status: Write ``status.devices`` (Ready, Healthy, data) of the claims it
             prepared (:mod:`kubedevice.dra.status`).
+        api_timeout: Seconds one API call may take in all, retries included (under the
+            kubelet's 45 s for a claim, so a claim that cannot be read fails clearly first).
     """
 
     driver_name: str | None = None
@@ -82,6 +89,7 @@ class DriverOptions:
     evict_on: tuple[str, ...] = ()
     metrics_address: str | None = None
     claim_status: bool = True
+    api_timeout: float = DEFAULT_API_TIMEOUT_S
 
     def resolved(self, driver: Driver) -> Settings:
         """These options with the driver name and node name filled in and checked.
@@ -99,6 +107,8 @@ class DriverOptions:
             raise ConfigError(f"no node name: pass --node-name or set ${ENV_NODE_NAME}")
         check_driver_name(driver_name)
         check_node_name(node_name)
+        if not 0 < self.api_timeout <= 300:
+            raise ConfigError(f"API timeout {self.api_timeout} s: give 0 to 300 seconds")
         from kubedevice.dra.taints import parse_evict_on
 
         evict_on = parse_evict_on(self.evict_on)
@@ -117,6 +127,7 @@ class DriverOptions:
             evict_on=evict_on,
             metrics_address=self.metrics_address,
             claim_status=self.claim_status,
+            api_timeout=float(self.api_timeout),
         )
 
 
@@ -180,8 +191,11 @@ async def serve(
 def run(driver: Driver, options: DriverOptions | None = None) -> int:
     """Serve ``driver`` until SIGTERM or SIGINT, then stop cleanly. Blocks.
 
+    A bad option or environment (a name, the kubeconfig, another instance running) is
+    logged as one line, never a traceback: ``raise SystemExit(dra.run(...))`` exits 2.
+
     Returns:
-        0 after a clean stop.
+        0 after a clean stop, 2 when the driver could not start or failed.
     """
 
     async def _main() -> None:
@@ -189,7 +203,11 @@ def run(driver: Driver, options: DriverOptions | None = None) -> int:
         with stop_on_signals(stop):
             await serve(driver, options, stop=stop)
 
-    asyncio.run(_main())
+    try:
+        asyncio.run(_main())
+    except KubeDeviceError as exc:
+        log.error("%s", exc)
+        return 2
     return 0
 
 
@@ -209,7 +227,9 @@ async def cleanup(driver: Driver, options: DriverOptions | None = None) -> int:
 
     resolved = (options or DriverOptions()).resolved(driver)
     removed = CdiWriter(resolved.cdi_dir, resolved.driver_name).remove_all()
-    client = await asyncio.to_thread(KubeClient.connect, resolved.kubeconfig)
+    client = await asyncio.to_thread(
+        KubeClient.connect, resolved.kubeconfig, deadline_s=resolved.api_timeout
+    )
     try:
         removed += await delete_slices(client, resolved.driver_name, resolved.node_name)
     finally:
@@ -221,8 +241,9 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The command-line parser :func:`main` uses, for authors to add their own options.
 
     Flags: ``--driver-name``, ``--node-name`` (default ``$NODE_NAME``), ``--kubelet-dir``,
-    ``--cdi-dir``, ``--kubeconfig`` (default: in-cluster), ``--no-health``, ``--evict-on``,
-    ``--metrics-address``, ``--cleanup``, ``--log-level``, ``--log-format``.
+    ``--cdi-dir``, ``--kubeconfig`` (default ``$KUBECONFIG``, ``~/.kube/config``, in-cluster),
+    ``--api-timeout``, ``--no-health``, ``--evict-on``, ``--metrics-address``, ``--cleanup``,
+    ``--log-level``, ``--log-format``.
     """
     parser = argparse.ArgumentParser(
         description=description or "Run a Kubernetes DRA driver (kubelet plugin).",
@@ -265,8 +286,15 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE",
-        help="The kubeconfig file to reach the API server with.  "
-        "[default: (the in-cluster service account)]",
+        help=f"{KUBECONFIG_HELP}  [default: ({KUBECONFIG_DEFAULT})]",
+    )
+    parser.add_argument(
+        "--api-timeout",
+        type=_seconds,
+        default=DEFAULT_API_TIMEOUT_S,
+        metavar="FLOAT RANGE",
+        help="Seconds one API call may take in all, retries included (keep it under the "
+        f"kubelet's 45 s for a claim).  [default: {DEFAULT_API_TIMEOUT_S:g}; 0.5<=x<=300]",
     )
     parser.add_argument(
         "--no-health", action="store_true", help="Do not serve the kubelet's health stream."
@@ -297,8 +325,25 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.5 <= value <= 300:
+        raise argparse.ArgumentTypeError(f"{text} s: give 0.5 to 300 seconds")
+    return value
+
+
 def options_from_args(args: argparse.Namespace) -> DriverOptions:
-    """The :class:`DriverOptions` of flags parsed by :func:`argument_parser`'s parser."""
+    """The :class:`DriverOptions` of flags parsed by :func:`argument_parser`'s parser.
+
+    Also applies ``--log-level``/``--log-format`` (so :func:`run` logs as asked); a bad
+    value of those is one line on stderr and ``SystemExit(2)``, as argparse does for a bad
+    flag.
+    """
+    if hasattr(args, "log_level") and not configure_logging_from_args(args):
+        raise SystemExit(2)
     return DriverOptions(
         driver_name=args.driver_name,
         node_name=args.node_name,
@@ -308,6 +353,7 @@ def options_from_args(args: argparse.Namespace) -> DriverOptions:
         health=not args.no_health,
         evict_on=tuple(getattr(args, "evict_on", None) or ()),
         metrics_address=getattr(args, "metrics_address", None),
+        api_timeout=getattr(args, "api_timeout", DEFAULT_API_TIMEOUT_S),
     )
 
 
@@ -324,9 +370,10 @@ def main(
     """
     if args is None:
         args = argument_parser().parse_args(argv)
-    if not configure_logging_from_args(args):
-        return 2
-    options = options_from_args(args)
+    try:
+        options = options_from_args(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
     if args.cleanup:
         try:
             removed = asyncio.run(cleanup(driver, options))
@@ -338,8 +385,4 @@ def main(
             return 1
         log.info("cleanup: removed %d ResourceSlices and CDI specs", removed)
         return 0
-    try:
-        return run(driver, options)
-    except KubeDeviceError as exc:
-        log.error("%s", exc)
-        return 2
+    return run(driver, options)

@@ -128,7 +128,9 @@ class DriverServer:
         self._failed = asyncio.get_running_loop().create_future()
         self.lock.acquire()  # before the checkpoint is read or a socket touched
         if self._kube is None:
-            self._kube = await asyncio.to_thread(KubeClient.connect, s.kubeconfig)
+            self._kube = await asyncio.to_thread(
+                KubeClient.connect, s.kubeconfig, deadline_s=s.api_timeout
+            )
         await asyncio.to_thread(self.checkpoint.load)
         self.claims = ClaimService(
             self.driver,

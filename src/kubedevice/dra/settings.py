@@ -35,6 +35,8 @@ class Settings:
     metrics_address: str | None = None
     #: Write ``status.devices`` of the prepared claims (:mod:`kubedevice.dra.status`).
     claim_status: bool = True
+    #: The total time of one API call, retries included (:mod:`kubedevice.dra.kube`).
+    api_timeout: float = 30.0
 
     @property
     def plugin_dir(self) -> Path:
