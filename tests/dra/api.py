@@ -19,6 +19,13 @@ class ApiError(Exception):
         super().__init__(f"{status}: {body[:500]}")
 
 
+def _first_device(item: dict[str, Any]) -> tuple[int, str]:
+    devices = item["spec"].get("devices") or [{"name": ""}]
+    name = str(devices[0]["name"])
+    number = name.rsplit("-", 1)[-1]
+    return (int(number) if number.isdigit() else -1, name)
+
+
 class Api:
     """Just enough of the API for the tests: JSON in, JSON out."""
 
@@ -50,7 +57,8 @@ class Api:
             f"{RESOURCE}/resourceslices",
             fieldSelector=f"spec.driver={driver},spec.nodeName={node}",
         )["items"]
-        return sorted(items, key=lambda s: s["metadata"]["name"])
+        # in the pool's order (slice names come from the API server: generateName)
+        return sorted(items, key=_first_device)
 
     def wait_for_slices(self, driver: str, node: str, devices: int, timeout: int = 30) -> None:
         """Watch (no polling) until the pool's slices hold ``devices`` devices in all."""

@@ -76,6 +76,7 @@ class DriverServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._watchers: list[DirWatcher] = []
         self._repair = asyncio.Event()
+        self._stopping = False
         self.lock = InstanceLock(settings.lock, f"DRA driver {settings.driver_name}")
         self.checkpoint = Checkpoint(settings.checkpoint, settings.driver_name)
         self.cdi = CdiWriter(settings.cdi_dir, settings.driver_name)
@@ -180,15 +181,15 @@ class DriverServer:
 
     async def stop(self) -> None:
         """Unregister (registration socket removed), stop serving, end the tasks. Idempotent."""
-        for watcher in self._watchers:
-            await watcher.stop()
-        self._watchers.clear()
+        self._stopping = True  # the watchers' events about our own sockets are not repairs
+        watchers, self._watchers = self._watchers, []
+        unwatching = asyncio.gather(*(w.stop() for w in watchers))  # alongside the rest
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:  # the device list, the publisher, the socket keeper end alongside
+            task.cancel()
         await self._reg.stop()
         await self.health.close()
         await self._dra.stop(grace=1.0)
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
         if tasks:
             await asyncio.wait(tasks)
         if self.endpoint is not None:
@@ -197,6 +198,7 @@ class DriverServer:
         if self._own_kube and self._kube is not None:
             self._kube.close()
             self._kube = None
+        await unwatching
         self.lock.release()
 
     async def wait_failed(self) -> BaseException | None:
@@ -258,6 +260,8 @@ class DriverServer:
 
     def _on_dir_change(self, name: str) -> None:
         s = self.settings
+        if self._stopping:
+            return
         if name in (OVERFLOW, s.registration_socket.name, s.dra_socket.name):
             self._repair.set()
 
@@ -265,6 +269,8 @@ class DriverServer:
         while True:
             await self._repair.wait()
             self._repair.clear()
+            if self._stopping:
+                return
             for server, what in ((self._dra, "DRA"), (self._reg, "registration")):
                 if server.serving:
                     continue

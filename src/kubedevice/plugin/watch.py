@@ -107,14 +107,19 @@ class DirWatcher:
         self._task = asyncio.create_task(self._run(), name=f"watch {self.directory}")
 
     async def stop(self) -> None:
-        """Stop watching (idempotent)."""
+        """Stop watching (idempotent).
+
+        The inotify descriptor is closed in a thread: the kernel takes 8 to 20 ms to
+        close one (it waits for a grace period), and several watchers stopped together
+        then overlap that wait, with each other and with the caller's other work.
+        """
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.wait((task,))
         inotify, self._inotify = self._inotify, None
         if inotify is not None:
-            inotify.close()
+            await asyncio.to_thread(inotify.close)
 
     def _notify(self, name: str) -> None:
         try:
