@@ -34,6 +34,7 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "names",
         "observed",
         "quantity",
+        "validation",
         "lock",
         "registration",
         "runner",

@@ -10,11 +10,13 @@ slices owned by its new UID). Slices are named by the API server (``generateName
 never names: slices named by an earlier version are adopted too), updates them when the
 devices differ (the generation grows by one on every change; capacities are sent in the
 API server's canonical form, so an unchanged pool compares equal and is never rewritten),
-creates what is missing and deletes what is stale. A device that is not healthy
-is published with a taint keyed by why (:mod:`kubedevice.dra.taints`: ``NoSchedule``, the
-scheduler allocates it to no new claim unless one tolerates the taint; it stays visible,
-and allocated claims keep it, unless the fault is one to evict on: ``NoExecute``);
-where the API server drops device taints (its ``DRADeviceTaints`` feature gate off),
+creates what is missing and deletes what is stale. A device the API server would refuse
+(:mod:`kubedevice.dra.validation`: lengths in bytes) is left out and reported; the others
+are published. A device that is not healthy is published with a taint keyed by why
+(:mod:`kubedevice.dra.taints`: ``NoSchedule``, the scheduler allocates it to no new claim
+unless one tolerates the taint; it stays visible, and allocated claims keep it, unless the
+fault is one to evict on: ``NoExecute``); where the API server drops device taints (its
+``DRADeviceTaints`` feature gate off),
 such devices are left out of the slices instead, with one warning. A conflict re-lists and
 tries again; other API errors are retried with backoff by :meth:`SlicePublisher.run` and
 logged, never fatal.
@@ -36,6 +38,7 @@ from kubedevice.dra.kube import KubeClient
 from kubedevice.dra.quantity import canonical_quantity
 from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import CounterSet, Device, Health, Version
+from kubedevice.dra.validation import device_problems
 from kubedevice.errors import KubeApiError
 from kubedevice.plugin.registration import Backoff
 
@@ -211,6 +214,7 @@ class SlicePublisher:
         #: which can be after this driver has registered again and republished).
         self.resync_s = RESYNC_S
         self._settle_until = 0.0
+        self._reported: set[tuple[str, str]] = set()
 
     def update(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
         """New devices (and the counter sets they consume from): publish them soon."""
@@ -283,6 +287,7 @@ class SlicePublisher:
             published = [device_object(d, self.taints) for d in devices]
         else:
             published = [device_object(d) for d in devices if d.health == Health.HEALTHY]
+        published = self._valid(published)
         sets = [counters.counter_set_object(c) for c in self._counter_sets]
         if not self.counters_supported:
             published, sets = [counters.without_counters(d) for d in published], []
@@ -352,6 +357,24 @@ class SlicePublisher:
             self.node,
             self.generation,
         )
+
+    def _valid(self, published: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The devices the API server would take; each other one is left out and reported
+        (once per device and problem): one bad device never costs the whole pool."""
+        out = []
+        reported: set[tuple[str, str]] = set()
+        for device in published:
+            problems = device_problems(device)
+            if not problems:
+                out.append(device)
+                continue
+            for problem in problems:
+                key = (str(device.get("name")), problem)
+                reported.add(key)
+                if key not in self._reported:
+                    log.warning("device %s is not published: %s", device.get("name"), problem)
+        self._reported = reported
+        return out
 
     def _unchanged(
         self,

@@ -164,7 +164,11 @@ def _devices_of(
         "resource": resource_attribute(res.name),
         "group": group_name(group, phys.group),
     }
-    if phys.nodes and len(phys.nodes[0].host_path) <= _MAX_STRING:
+    # the API server counts bytes: a non-ASCII path of 64 characters can be over 64 bytes
+    if (
+        phys.nodes
+        and len(phys.nodes[0].host_path.encode("utf-8", "surrogateescape")) <= _MAX_STRING
+    ):
         attrs["path"] = phys.nodes[0].host_path
     if phys.numa_node is not None:
         attrs["numaNode"] = phys.numa_node
