@@ -463,3 +463,34 @@ def test_each_drivers_service_account_may_write_only_its_own_nodes_slices() -> N
         assert binding["spec"] == {"policyName": f"{name}-own-node", "validationActions": ["Deny"]}
     off = render(values={**DRA_ON, "dra.nodeRestriction": "false"})
     assert not by_kind(off, "ValidatingAdmissionPolicy")
+
+
+def _pod_annotations(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
+    return dict(daemonset(docs, component)["spec"]["template"]["metadata"]["annotations"])
+
+
+@pytest.mark.parametrize(
+    ("component", "values_key"), [("dra-generic", "generic"), ("dra-nvidia", "nvidia")]
+)
+def test_a_config_change_rolls_the_dra_driver(
+    tmp_path: Path, component: str, values_key: str
+) -> None:
+    """The DRA drivers read their config at start: a change of it changes the pod template
+    (a checksum annotation), so the DaemonSet rolls; the same config leaves it as it is."""
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    if values_key == "nvidia":
+        one.write_text("version: v1\nflags:\n  migStrategy: none\n")
+        two.write_text("version: v1\nflags:\n  migStrategy: none\n  failOnInitError: false\n")
+    else:
+        one.write_text("version: v1\nresources:\n  - name: example.com/a\n    groups:\n"
+                       "      - name: a\n        paths:\n          - path: /dev/a*\n")  # fmt: skip
+        two.write_text(one.read_text().replace("/dev/a*", "/dev/b*"))
+    key = f"{values_key}.config"
+    first = _pod_annotations(render(values=DRA_ON, set_files={key: one}), component)
+    again = _pod_annotations(render(values=DRA_ON, set_files={key: one}), component)
+    changed = _pod_annotations(render(values=DRA_ON, set_files={key: two}), component)
+    assert first["kubedevice.io/config-hash"] == again["kubedevice.io/config-hash"]
+    assert first["kubedevice.io/config-hash"] != changed["kubedevice.io/config-hash"]
+    # an existing ConfigMap is not the chart's to read: no hash (docs: restart or SIGHUP)
+    own = render(values={**DRA_ON, f"{values_key}.existingConfigMap": "mine"})
+    assert "kubedevice.io/config-hash" not in _pod_annotations(own, component)
