@@ -84,6 +84,7 @@ class DraDriver:
         env: Any,
         kubeconfig: Path | None = None,
         kubelet: Kubelet | None = None,
+        node: str | None = None,
     ) -> None:
         kubelet = kubelet or cluster.kubelet
         assert kubelet is not None
@@ -98,7 +99,7 @@ class DraDriver:
         self.process = Process(
             name,
             [KUBEDEVICE, "--log-level", "debug", *argv, "--driver-name", driver,
-             "--node-name", kubelet.node, "--kubelet-dir", str(kubelet.root),
+             "--node-name", node or kubelet.node, "--kubelet-dir", str(kubelet.root),
              "--cdi-dir", str(self.cdi_dir),
              "--kubeconfig", str(kubeconfig or cluster.admin_kubeconfig)],
             self.log,
@@ -211,10 +212,12 @@ class GenericDra(DraDriver):
         name: str = "dev-dra",
         extra: tuple[str, ...] = (),
         dev_root: Path | None = None,
+        node: str | None = None,
     ) -> None:
         root = Path(tempfile.mkdtemp(prefix="kddd-", dir="/tmp"))
         self.host = FakeHost(root / "host")
-        (root / "config.yaml").write_text(config)
+        self.config = root / "config.yaml"
+        self.config.write_text(config)
         super().__init__(
             cluster,
             name,
@@ -224,6 +227,7 @@ class GenericDra(DraDriver):
              "--sys-root", str(self.host.sys_root), *extra],
             root,
             None,
+            node=node,
         )  # fmt: skip
 
 
