@@ -76,7 +76,7 @@ def _claims(kube: KubeClient, node: str, count: int) -> list[v1.Claim]:
                 }
             },
         }
-        claim = kube._call("POST", base, body=body)
+        claim = kube.call("POST", base, body=body)
         claim["status"] = {
             "allocation": {
                 "devices": {
@@ -91,7 +91,7 @@ def _claims(kube: KubeClient, node: str, count: int) -> list[v1.Claim]:
                 }
             }
         }
-        kube._call("PUT", f"{base}/{claim['metadata']['name']}/status", body=claim)
+        kube.call("PUT", f"{base}/{claim['metadata']['name']}/status", body=claim)
         out.append(
             v1.Claim(
                 namespace="default", name=claim["metadata"]["name"], uid=claim["metadata"]["uid"]
@@ -240,12 +240,12 @@ def main() -> int:
     with api_server(args.kubeconfig) as kubeconfig:
         kube = KubeClient.connect(kubeconfig)
         node = f"bench-{uuid.uuid4().hex[:6]}"
-        kube._call("POST", "/api/v1/nodes", body={"metadata": {"name": node}})
+        kube.call("POST", "/api/v1/nodes", body={"metadata": {"name": node}})
         try:
             publish = asyncio.run(bench_publish(kubeconfig, node, args.devices))
             prepare = bench_prepare(kubeconfig, kube, node, args.calls)
         finally:
-            kube._call("DELETE", f"/api/v1/nodes/{node}")
+            kube.call("DELETE", f"/api/v1/nodes/{node}")
             kube.close()
     result = {
         "machine": cpu_model(),
