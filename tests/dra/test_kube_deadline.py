@@ -157,3 +157,35 @@ def test_sigterm_exits_promptly_with_api_calls_in_flight(tmp_path: Path, kdir: P
     _figure("sigterm_exit_with_a_call_in_flight_s", took)
     assert code == 0
     assert took < 2
+
+
+async def test_a_tls_handshake_that_never_ends_is_given_up_at_the_deadline(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True).start()
+    port = listener.getsockname()[1]
+    path = tmp_path / "kc"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{port}', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    client = KubeClient.connect(path, deadline_s=1.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(KubeApiError, match=r"no complete answer within 1\.5 s"):
+            await asyncio.wait_for(client.get_node("n"), 20)
+        took = time.monotonic() - t0
+    finally:
+        client.close()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert 1.4 <= took < 2.5

@@ -86,15 +86,26 @@ def _shut(sock: socket.socket) -> None:
 _current = threading.local()  # .watch: the _Watch of the call this thread runs
 
 
+def _register(sock: socket.socket | None) -> None:
+    watch = getattr(_current, "watch", None)
+    if watch is not None:
+        watch.add(sock)
+
+
 def _tracked(base: type) -> type:
-    """``base`` (a urllib3 connection class) registering its socket with the current call."""
+    """``base`` (a urllib3 connection class) registering its socket with the current call:
+    a new one as soon as it exists (the TLS handshake included), a reused one before the
+    request is sent."""
 
     class Tracked(base):  # type: ignore[misc]
-        def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-            watch = getattr(_current, "watch", None)
-            if watch is not None:
-                watch.add(getattr(self, "sock", None))
-            return super().getresponse(*args, **kwargs)
+        def _new_conn(self) -> Any:
+            sock = super()._new_conn()
+            _register(sock)
+            return sock
+
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            _register(getattr(self, "sock", None))
+            return super().request(*args, **kwargs)
 
     Tracked.__name__ = f"Tracked{base.__name__}"
     return Tracked
@@ -352,6 +363,9 @@ class KubeClient:
                     raise TimeoutError("the deadline passed")
                 chunks.append(chunk)
             data = b"".join(chunks)
+        except BaseException:
+            response.close()  # a half-read answer: the connection is never used again
+            raise
         finally:
             response.release_conn()
         status = int(response.status)
