@@ -19,7 +19,7 @@ from dra import clients
 from dra.conftest import REPO
 from dra.fakes import DRIVER, FakeDriver, gpus, server
 from dra.slowapi import slow_api
-from kubedevice.dra.kube import DEFAULT_DEADLINE_S, KubeClient
+from kubedevice.dra.kube import API_WORKERS, DEFAULT_DEADLINE_S, KubeClient
 from kubedevice.errors import KubeApiError
 
 pytestmark = pytest.mark.timeout(90)
@@ -189,3 +189,19 @@ async def test_a_tls_handshake_that_never_ends_is_given_up_at_the_deadline(tmp_p
         for conn in accepted:
             conn.close()
     assert 1.4 <= took < 2.5
+
+
+async def test_time_waiting_for_a_free_thread_counts_against_the_deadline(tmp_path: Path) -> None:
+    with slow_api() as api:
+        api.on(CLAIMS, "stall", 60)
+        client = KubeClient.connect(api.kubeconfig(tmp_path / "kc"), deadline_s=1.5)
+        try:
+            t0 = time.monotonic()
+            # one more call than the client has threads: the last one waits for a thread
+            calls = [client.get_claim("ns", f"c{i}") for i in range(API_WORKERS + 1)]
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 20)
+            took = time.monotonic() - t0
+        finally:
+            client.close()
+    assert all(isinstance(r, KubeApiError) for r in results), results
+    assert took < 2.5  # not 1.5 s more for the one that waited

@@ -261,8 +261,12 @@ class KubeClient:
         body: dict[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        # the deadline runs from now: time spent waiting for a free thread counts too
+        end = time.monotonic() + self.deadline_s
         return await self._in_pool(
-            lambda: self.call(method, path, query=query, body=body, content_type=content_type)
+            lambda: self.call(
+                method, path, query=query, body=body, content_type=content_type, until=end
+            )
         )
 
     async def _in_pool(self, fn: Callable[[], _T]) -> _T:
@@ -281,18 +285,28 @@ class KubeClient:
         query: list[tuple[str, str]] | None = None,
         body: dict[str, Any] | None = None,
         content_type: str = "application/json",
+        until: float | None = None,
     ) -> dict[str, Any]:
-        """One API call, blocking, within :attr:`deadline_s` (retries included); the body
-        goes as JSON (an apply patch's YAML is JSON text too)."""
+        """One API call, blocking, within :attr:`deadline_s` (retries included), or until
+        the :func:`time.monotonic` time ``until``; the body goes as JSON (an apply patch's
+        YAML is JSON text too)."""
         import urllib3
 
-        end = time.monotonic() + self.deadline_s
+        end = time.monotonic() + self.deadline_s if until is None else until
         watch = _Watch()
         with self._lock:
             if self._closed:
                 raise KubeApiError(f"{method} {path}: the API client is closed")
             self._watches.add(watch)
-        timer = threading.Timer(self.deadline_s, watch.fire)
+        left = end - time.monotonic()
+        if left <= 0:
+            with self._lock:
+                self._watches.discard(watch)
+            raise KubeApiError(
+                f"{method} {path}: no complete answer within {self.deadline_s:g} s "
+                "(it waited for a free connection)"
+            )
+        timer = threading.Timer(left, watch.fire)
         timer.daemon = True
         timer.start()
         _current.watch = watch
