@@ -55,6 +55,8 @@ __all__ = ["DriverServer"]
 
 log = logging.getLogger(__name__)
 
+_DEVICE_LIST = "device list"
+
 
 class DriverServer:
     """Runs one driver; an async context manager (``async with DriverServer(...)``).
@@ -154,7 +156,7 @@ class DriverServer:
             taints = TaintPolicy(s.driver_name, s.evict_on)
             self.publisher = SlicePublisher(self._kube, s.driver_name, s.node_name, taints)
             self._spawn(self.publisher.run(), "publish ResourceSlices")
-        self._spawn(self._consume(), "device list")
+        self._spawn(self._consume(), _DEVICE_LIST)
         first: asyncio.Future[Any] = asyncio.ensure_future(self._first.wait())
         failed: asyncio.Future[Any] = self._failed
         try:
@@ -185,11 +187,18 @@ class DriverServer:
         watchers, self._watchers = self._watchers, []
         unwatching = asyncio.gather(*(w.stop() for w in watchers))  # alongside the rest
         tasks, self._tasks = self._tasks, []
-        for task in tasks:  # the device list, the publisher, the socket keeper end alongside
-            task.cancel()
+        # the publisher and the socket keeper end alongside; the device list (the driver's
+        # devices(), whose clean-up may close what a prepare still in flight uses) only
+        # once the DRA socket has stopped
+        last = [t for t in tasks if t.get_name() == _DEVICE_LIST]
+        for task in tasks:
+            if task not in last:
+                task.cancel()
         await self._reg.stop()
         await self.health.close()
         await self._dra.stop(grace=1.0)
+        for task in last:
+            task.cancel()
         if tasks:
             await asyncio.wait(tasks)
         if self.endpoint is not None:
