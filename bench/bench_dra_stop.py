@@ -3,7 +3,7 @@
 Each driver runs as a process on a fake kubelet directory against a real API server (etcd
 and kube-apiserver started for the run, or ``--kubeconfig``), with its devices published
 and its sockets served; the time from ``kill(SIGTERM)`` to the process having exited
-(``waitpid``) is measured ``--runs`` times per driver. The drivers: the generic DRA driver
+(its pidfd readable) is measured ``--runs`` times per driver. The drivers: the generic DRA driver
 (``kubedevice run --dra``, 64 devices), the GPU DRA driver (``kubedevice nvidia dra`` on
 the fake 8-GPU box) and the kit's example (``examples/dra_minimal.py``, ``dra.main``).
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import signal
 import statistics
@@ -70,10 +71,17 @@ def _stop_ms(root: Path, argv: list[str], kubeconfig: Path, api: Any) -> float:
             )
         except RuntimeError:
             raise SystemExit(f"{argv[1:3]} did not start: {log.read_text()[-2000:]}") from None
-        t0 = time.perf_counter()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(30)
-        took = (time.perf_counter() - t0) * 1000
+        pidfd = os.pidfd_open(proc.pid)  # readable the moment the process exits (no polling)
+        try:
+            t0 = time.perf_counter()
+            proc.send_signal(signal.SIGTERM)
+            ready, _, _ = select.select([pidfd], [], [], 30)
+            took = (time.perf_counter() - t0) * 1000
+        finally:
+            os.close(pidfd)
+        if not ready:
+            raise SystemExit(f"{argv[1:3]} did not exit within 30 s of SIGTERM")
+        code = proc.wait(10)
         if code != 0:
             raise SystemExit(f"{argv[1:3]} exited {code}: {log.read_text()[-2000:]}")
         return took
