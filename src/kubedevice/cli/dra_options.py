@@ -146,7 +146,7 @@ def dra_options(default_driver_name: str, *, cdi_default: str) -> Callable[[F], 
                 "--cleanup",
                 is_flag=True,
                 help="Remove this driver's ResourceSlices on this node and its CDI specs, "
-                "then exit (on uninstall; needs no config file).",
+                "then exit (on uninstall).",
             ),
         ]
         for option in reversed(options):
