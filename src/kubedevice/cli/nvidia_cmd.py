@@ -214,22 +214,13 @@ def dra_command(
     Reads the same config file as nvidia run (migStrategy, health policies, roots).
     SIGHUP reloads it all or nothing (a valid one restarts the driver in place; an invalid
     one is logged and the old one keeps running). SIGTERM or SIGINT stops cleanly with
-    status 0. --cleanup needs neither the config file nor NVML. With
+    status 0. --cleanup needs no NVML, nor the config file once it is gone. With
     --print-device-classes, prints the DeviceClasses that serve the plugin's resource names
     from this driver (under a MIG strategy, this node's MIG profiles are read through
     --nvml) and exits.
     """
     from kubedevice.nvidia.backends import open_backend
     from kubedevice.nvidia.config import load_config
-
-    if cleanup and not print_device_classes:  # the driver's name only: the config may be gone
-        # without the config, its flags.cdiDir is unknown: --cdi-dir, else the default
-        options = driver_options(
-            driver_name, node_name, kubelet_dir, cdi_dir or Path(DEFAULT_CDI_DIR), kubeconfig,
-            no_health, api_timeout=api_timeout,
-        )  # fmt: skip
-        run_driver(cleanup_only_driver(driver_name), options, cleanup=True)
-        return
 
     def load() -> Config:
         config = load_config(config_path).with_overrides(
@@ -242,6 +233,23 @@ def dra_command(
         if mig_on_demand:
             config = replace(config, dra=replace(config.dra, mig_on_demand=True))
         return config
+
+    if cleanup and not print_device_classes:  # the driver's name, and where its specs are
+        if config_path is not None and not config_path.exists():
+            # gone with the release: its flags.cdiDir is unknown, so --cdi-dir or the default
+            cdi = cdi_dir or Path(DEFAULT_CDI_DIR)
+        else:
+            try:
+                cdi = Path(load().flags.cdi_dir)
+            except ConfigError as exc:
+                _fail(str(exc))
+                return
+        options = driver_options(
+            driver_name, node_name, kubelet_dir, cdi, kubeconfig, no_health,
+            api_timeout=api_timeout,
+        )  # fmt: skip
+        run_driver(cleanup_only_driver(driver_name), options, cleanup=True)
+        return
 
     try:
         config = load()
