@@ -110,7 +110,16 @@ async def test_counter_sets_in_slices_of_their_own_devices_64_a_slice(
     async with server(PartitionedDriver(devices, sets), kdir, kubeconfig, node_name) as srv:
         await asyncio.wait_for(srv.wait_published(), 30)
         slices = api.slices(DRIVER, node_name)
-    ordered = sorted(slices, key=lambda s: int(s["metadata"]["name"].rsplit("-", 1)[1]))
+    # slice names are the API server's (generateName): order them by what they hold
+    position = {d.name: i for i, d in enumerate(devices)} | {c.name: i for i, c in enumerate(sets)}
+
+    def first(s: dict[str, Any]) -> tuple[int, int]:
+        spec = s["spec"]
+        if spec.get("sharedCounters"):
+            return (0, position[spec["sharedCounters"][0]["name"]])
+        return (1, position[spec["devices"][0]["name"]])
+
+    ordered = sorted(slices, key=first)
     assert _kinds(ordered) == [
         ("counters", 8),
         ("counters", 1),
@@ -207,5 +216,9 @@ async def test_a_restart_adopts_unchanged_counter_slices_without_writing(
         await asyncio.wait_for(srv.wait_published(), 30)
         assert srv.publisher is not None
         assert srv.publisher.writes == 6  # a counter changed: the pool's generation grows
-        [first] = [s for s in api.slices(DRIVER, node_name) if s["metadata"]["name"].endswith("-0")]
+        [first] = [
+            s
+            for s in api.slices(DRIVER, node_name)
+            if (s["spec"].get("sharedCounters") or [{}])[0].get("name") == "gpu-0"
+        ]
         assert first["spec"]["sharedCounters"][0]["counters"]["extra"] == {"value": "1"}
