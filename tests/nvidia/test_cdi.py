@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from kubedevice.errors import ConfigError
-from kubedevice.nvidia.cdi import build_spec, find_driver_files, validate_spec, write_spec
+from kubedevice.nvidia.cdi import (
+    DriverFile,
+    build_spec,
+    find_driver_files,
+    resolve_binary,
+    validate_spec,
+    write_spec,
+)
 from kubedevice.nvidia.config import parse_config
 from kubedevice.nvidia.devices import Inventory, build_inventory
 
@@ -67,7 +74,13 @@ def test_validation_refuses_what_a_runtime_would(
         validate_spec(spec)
 
 
-def test_driver_files_stay_inside_the_driver_root(tmp_path: Path) -> None:
+ELF = b"\x7fELF\x02\x01\x01" + bytes(9)
+
+
+def test_driver_files_stay_inside_the_driver_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
     root = tmp_path / "driver"
     lib = root / "usr" / "lib64"
     lib.mkdir(parents=True)
@@ -77,12 +90,82 @@ def test_driver_files_stay_inside_the_driver_root(tmp_path: Path) -> None:
     (lib / "libcuda.so.1").symlink_to(tmp_path / "outside")
     (tmp_path / "outside").write_text("not the driver's")
     (root / "usr" / "bin").mkdir()
-    (root / "usr" / "bin" / "nvidia-smi").write_text("#!")
+    (root / "usr" / "bin" / "nvidia-smi").write_bytes(ELF)
     files = find_driver_files(str(root), "580.1")
     assert files == [
-        "usr/lib64/libnvidia-ml.so.1",
-        "usr/lib64/libnvidia-ml.so.580.1",
-        "usr/bin/nvidia-smi",
+        DriverFile("usr/lib64/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1"),
+        DriverFile("usr/lib64/libnvidia-ml.so.580.1", "/usr/lib64/libnvidia-ml.so.580.1"),
+        # also where a Debian image's loader looks
+        DriverFile("usr/lib64/libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+        DriverFile(
+            "usr/lib64/libnvidia-ml.so.580.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.1"
+        ),
+        DriverFile("usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+    ]
+
+
+def test_debian_libraries_are_also_mounted_where_a_lib64_loader_looks(tmp_path: Path) -> None:
+    lib = tmp_path / "usr" / "lib" / "aarch64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.580.1").write_text("elf")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.580.1")
+    targets = {f.target: f.source for f in find_driver_files(str(tmp_path), "580.1")}
+    rel = "usr/lib/aarch64-linux-gnu/libcuda.so.1"
+    assert targets["/" + rel] == rel
+    assert targets["/usr/lib64/libcuda.so.1"] == rel  # the arch comes from the directory
+    assert len(targets) == 4
+
+
+def test_wrapper_scripts_are_replaced_by_the_binary_they_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "driver"
+    bin_dir = root / "usr" / "bin"
+    real = root / "usr" / "lib" / "nvidia" / "current"
+    bin_dir.mkdir(parents=True)
+    real.mkdir(parents=True)
+    (real / "nvidia-smi").write_bytes(ELF)
+    # a Debian-style wrapper: the binary it runs is named in the script
+    (bin_dir / "nvidia-smi").write_text(
+        '#!/bin/sh\nset -e\nexec /usr/lib/nvidia/current/nvidia-smi "$@"\n'
+    )
+    # a wrapper running "$0.real": the sibling binary
+    (bin_dir / "nvidia-persistenced").write_text('#!/bin/sh\nexec "$0.real" "$@"\n')
+    (bin_dir / "nvidia-persistenced.real").write_bytes(ELF)
+    # a wrapper whose binary is a link leading out of the driver root: skipped
+    (tmp_path / "elsewhere").write_bytes(ELF)
+    (real / "nvidia-debugdump").symlink_to(tmp_path / "elsewhere")
+    (bin_dir / "nvidia-debugdump").write_text(
+        "#!/bin/sh\nexec /usr/lib/nvidia/current/nvidia-debugdump\n"
+    )
+    caplog.set_level("INFO", logger="kubedevice.nvidia.cdi")
+    files = find_driver_files(str(root), None)
+    assert files == [
+        DriverFile("usr/lib/nvidia/current/nvidia-smi", "/usr/bin/nvidia-smi"),
+        DriverFile("usr/bin/nvidia-persistenced.real", "/usr/bin/nvidia-persistenced"),
+    ]
+    assert resolve_binary(str(root), "usr/bin/nvidia-smi") == "usr/lib/nvidia/current/nvidia-smi"
+    assert resolve_binary(str(root), "usr/bin/nvidia-debugdump") is None
+    text = caplog.text
+    assert "mounting the binary it runs, usr/lib/nvidia/current/nvidia-smi" in text
+    assert "nvidia-debugdump: a script, and no ELF binary it runs in the driver root" in text
+
+
+def test_a_tool_neither_elf_nor_script_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "bin" / "nvidia-smi").write_text("not a program")
+    assert find_driver_files(str(tmp_path), None) == []
+
+
+def test_the_spec_mounts_each_file_at_its_target(tmp_path: Path) -> None:
+    files = [DriverFile("usr/lib/nvidia/current/nvidia-smi", "/usr/bin/nvidia-smi")]
+    spec = build_spec(_inventory(tmp_path), driver_files=files, host_driver_root="/run/nv")
+    assert spec["containerEdits"]["mounts"] == [
+        {
+            "hostPath": "/run/nv/usr/lib/nvidia/current/nvidia-smi",
+            "containerPath": "/usr/bin/nvidia-smi",
+            "options": ["ro", "nosuid", "nodev", "bind"],
+        }
     ]
 
 

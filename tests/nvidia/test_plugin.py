@@ -142,6 +142,11 @@ async def test_cdi_spec_names_every_gpu_by_uuid_and_index(
         "/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06": (
             "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06"
         ),
+        # also where a Fedora/RHEL/UBI image's loader looks
+        "/usr/lib64/libcuda.so.1": "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.570.124.06": (
+            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06"
+        ),
     }
 
 

@@ -47,7 +47,7 @@ from kubedevice.dra import (
 from kubedevice.dra.types import Claim, PreparedClaim
 from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.nvidia.backend import MigPartitioning, NvmlBackend, TimeSliceControl
-from kubedevice.nvidia.cdi import find_driver_files
+from kubedevice.nvidia.cdi import DriverFile, find_driver_files
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import CONTROL_NODES, read_numa_node
 from kubedevice.nvidia.dra import ondemand
@@ -89,7 +89,7 @@ class GpuDraDriver(Driver):
         self._wait_timeout_ms = wait_timeout_ms
         self._by_name: dict[str, GpuDevice] = {}
         self._opened: list[GpuDevice] | None = None
-        self._driver_files: list[str] = []
+        self._driver_files: list[DriverFile] = []
         self._changed = asyncio.Event()
         self._started = asyncio.Event()
         # GPU UUID -> claim UID -> (order prepared, the time-slice level that claim set)
@@ -266,8 +266,7 @@ class GpuDraDriver(Driver):
         control = [DeviceNode(p, host_path=p) for p in gd.unit.device_nodes if p in _CONTROL]
         host_root = self.config.flags.effective_host_driver_root
         mounts = [
-            Mount(str(PurePosixPath(host_root, rel)), str(PurePosixPath("/", rel)))
-            for rel in self._driver_files
+            Mount(str(PurePosixPath(host_root, f.source)), f.target) for f in self._driver_files
         ]
         return ContainerEdits(device_nodes=own + control, mounts=mounts)
 
