@@ -5,9 +5,9 @@ The fake driver root holds a real shared library ``libcuda.so.1`` (built with gc
 Debian path ``usr/lib/x86_64-linux-gnu``. The image holds only the host's glibc loader and libc
 in ``/lib64`` and ``/usr/lib64`` (no ld.so.conf, no ld.so.cache) and a probe that dlopen()s
 ``libcuda.so.1`` and prints ``OK`` or the loader's error. The probe is linked with
-``RUNPATH=/usr/lib64`` and ``-z nodefaultlib`` (DF_1_NODEFLIB): the loader searches ``/usr/lib64`` and nothing
-else for it, as a UBI image's loader does (the host's Debian loader would otherwise also search
-the Debian directories, where the host path already lies).
+``RUNPATH=/usr/lib64`` and ``-z nodefaultlib`` (DF_1_NODEFLIB): the loader searches
+``/usr/lib64`` and nothing else for it, as a UBI image's loader does (the host's Debian loader
+would otherwise also search the Debian directories, where the host path already lies).
 """
 
 from __future__ import annotations
