@@ -208,3 +208,36 @@ async def test_a_gpu_refusing_the_time_slice_gives_back_what_the_claim_set(gpu_h
         assert host.nvml.time_slice(uuid["gpu-2"]) == 2  # u1's again, not u2's Long
         await driver.unprepare(PreparedClaim(ClaimRef("default", "c", "u1")))
         assert host.nvml.time_slice(uuid["gpu-2"]) == 0  # u2 holds nothing on it
+
+
+async def test_prepare_mounts_the_driver_files_for_any_image_loader(
+    gpu_host: Any, tmp_path: Any
+) -> None:
+    host = gpu_host("dgx-8gpu")
+    version = host.nvml.machine.driver.driver_version
+    root = tmp_path / "driver"
+    lib = root / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / f"libcuda.so.{version}").write_text("elf")
+    (lib / "libcuda.so.1").symlink_to(f"libcuda.so.{version}")
+    (root / "usr" / "bin").mkdir()
+    (root / "usr" / "bin" / "nvidia-smi").write_text("#!/bin/sh\nexec /usr/bin/nvidia-smi.real\n")
+    (root / "usr" / "bin" / "nvidia-smi.real").write_bytes(b"\x7fELF" + bytes(12))
+    config = _config(host).with_overrides(
+        nvidia_driver_root=str(root), host_driver_root="/run/nvidia/driver"
+    )
+    driver = GpuDraDriver(config, host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        first, second = await driver.prepare(_claim(driver, ["gpu-0", "gpu-1"]))
+    finally:
+        await gen.aclose()
+    mounts = {m.container_path: m.host_path for m in first.edits.mounts}
+    host_lib = "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"] == host_lib
+    assert mounts["/usr/lib64/libcuda.so.1"] == host_lib  # where a UBI image's loader looks
+    # the wrapper script is replaced by the binary it runs
+    assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi.real"
+    assert len(mounts) == 5
+    assert not second.edits.mounts  # once per claim
