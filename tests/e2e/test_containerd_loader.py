@@ -127,6 +127,8 @@ def test_cdi_libraries_load_where_the_image_loader_searches_only_usr_lib64(
             "image": probe_image,
             "imagePullPolicy": "Never",
             "resources": {"limits": {GPU: "1"}},
+            # the mount points are made before runc makes the root read-only
+            "securityContext": {"readOnlyRootFilesystem": True},
         }
         manifest = pod_manifest("ldprobe", containers=[probe])
         manifest["spec"]["restartPolicy"] = "Never"
