@@ -146,9 +146,13 @@ def test_wrapper_scripts_are_replaced_by_the_binary_they_run(
     ]
     assert resolve_binary(str(root), "usr/bin/nvidia-smi") == "usr/lib/nvidia/current/nvidia-smi"
     assert resolve_binary(str(root), "usr/bin/nvidia-debugdump") is None
-    text = caplog.text
-    assert "mounting the binary it runs, usr/lib/nvidia/current/nvidia-smi" in text
-    assert "nvidia-debugdump: a script, and no ELF binary it runs in the driver root" in text
+    said = {(r.getMessage(), getattr(r, "tool", "")[len(str(root)) :]): r for r in caplog.records}
+    chose = said[
+        ("driver tool is a wrapper script: mounting the binary it runs", "/usr/bin/nvidia-smi")
+    ]
+    assert chose.binary == "usr/lib/nvidia/current/nvidia-smi"  # type: ignore[attr-defined]
+    skipped = "skipping a driver tool: a script, and no ELF binary it runs in the driver root"
+    assert (skipped, "/usr/bin/nvidia-debugdump") in said
 
 
 def test_a_tool_neither_elf_nor_script_is_skipped(tmp_path: Path) -> None:

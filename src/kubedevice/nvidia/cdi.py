@@ -167,16 +167,24 @@ def resolve_binary(driver_root: str, rel: str) -> str | None:
         return rel
     tool = os.path.basename(rel)
     if head[:2] != b"#!":
-        log.warning("skipping %s: neither an ELF binary nor a script", full)
+        log.warning(
+            "skipping a driver tool: neither an ELF binary nor a script", extra={"tool": full}
+        )
         return None
     text = head.decode("utf-8", "replace")
     for candidate in _script_candidates(root, real, tool, text):
         found = _elf_inside(root, candidate)
         if found is not None and found != real:
             chosen = os.path.relpath(found, root)
-            log.info("%s is a wrapper script; mounting the binary it runs, %s", full, chosen)
+            log.info(
+                "driver tool is a wrapper script: mounting the binary it runs",
+                extra={"tool": full, "binary": chosen},
+            )
             return chosen
-    log.warning("skipping %s: a script, and no ELF binary it runs in the driver root", full)
+    log.warning(
+        "skipping a driver tool: a script, and no ELF binary it runs in the driver root",
+        extra={"tool": full},
+    )
     return None
 
 
