@@ -37,6 +37,7 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "validation",
         "lock",
         "registration",
+        "rules",
         "runner",
         "server",
         "service",

@@ -144,7 +144,7 @@ async def test_prepare_writes_cdi_spec_answers_ids_and_is_idempotent(
 async def test_one_claims_error_leaves_the_others_prepared(
     kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
 ) -> None:
-    driver = FakeDriver(gpus(2))
+    driver = FakeDriver(gpus(3))
     good = create_claim(
         api, namespace, f"good-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
     )
@@ -153,7 +153,7 @@ async def test_one_claims_error_leaves_the_others_prepared(
         api, namespace, f"fail-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-1")]
     )
     crashing = create_claim(
-        api, namespace, f"crash-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-1")]
+        api, namespace, f"crash-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-2")]
     )
     driver.fail[failing["metadata"]["name"]] = dra.ClaimError("GPU 1 is busy")
     driver.fail[crashing["metadata"]["name"]] = RuntimeError("boom")

@@ -92,6 +92,17 @@ def test_edits_are_checked() -> None:
     with pytest.raises(ConfigError, match="only r, w and m"):
         dra.DeviceNode("/dev/x", permissions="rwx")
     with pytest.raises(ConfigError, match="must be absolute"):
-        dra.Mount("/a", "b")
+        dra.Mount(container_path="b", host_path="/a")
+
+
+def test_mount_refuses_positional_arguments_never_swaps_them() -> None:
+    # the old order was (host_path, container_path); DeviceNode and kubedevice.Mount take
+    # the container path first: a positional call is refused, whichever order was meant
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        dra.Mount("/srv/data", "/data")  # type: ignore[misc]
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        dra.Mount(container_path="/data")
+    mount = dra.Mount(container_path="/data", host_path="/srv/data", read_only=False)
+    assert (mount.container_path, mount.host_path, mount.read_only) == ("/data", "/srv/data", False)
     with pytest.raises(ConfigError, match="contains '='"):
         dra.ContainerEdits(env={"A=B": "c"})

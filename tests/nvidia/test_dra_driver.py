@@ -20,6 +20,7 @@ from kubedevice.dra import (
     OpaqueConfig,
     PreparedClaim,
 )
+from kubedevice.dra.rules import check_claim
 from kubedevice.nvidia.backend import EventKind, HealthEvent
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver
@@ -85,8 +86,16 @@ async def test_a_lost_gpu_turns_unhealthy_and_back(gpu_host: Any) -> None:
         assert (second["gpu-1"].fault.kind, second["gpu-1"].fault.value) == ("gpu-lost", "")
         assert second["gpu-1"].fault.message.startswith("GPU lost")
         assert second["gpu-0"].health == Health.HEALTHY
-        with pytest.raises(ClaimError, match=r"gpu-1 .*unhealthy: GPU lost"):
-            await driver.prepare(_claim(driver, ["gpu-1"]))
+        # the kit refuses a claim on it before the hook (the rule of every driver)
+        with pytest.raises(ClaimError, match=r"device gpu-1 is Unhealthy .*does not tolerate"):
+            check_claim(
+                _claim(driver, ["gpu-1"]),
+                driver_name="gpu.kubedevice.io",
+                node_name="node-1",
+                devices=second,
+                taint_key="gpu.kubedevice.io/unhealthy",
+                held=[],
+            )
         host.nvml.set_lost(driver.gpu_devices[1].gpu.uuid, False)
         third = await _next(gen)
         assert third["gpu-1"].health == Health.HEALTHY

@@ -2,8 +2,16 @@
 
 The spec's kind is ``k8s.<driver>/claim`` and each device of the claim is
 ``<claim UID>-<device name>`` in it, so the CDI ID the kubelet hands to the runtime is
-``k8s.<driver>/claim=<claim UID>-<device name>``. The file is
+``k8s.<driver>/claim=<claim UID>-<device name>`` (a device allocated to two requests of
+one claim with different edits gets ``<claim UID>-<device name>_<n>`` for the second: ``_``
+is in no device name, so the names stay unique). The file is
 ``<cdi dir>/k8s.<driver>-claim_<claim UID>.json``; nothing else in the directory is touched.
+
+Only specs a CDI runtime accepts are written (:func:`kubedevice.plugin.cdi.validate_spec`):
+a device without edits is left out of the spec (and gets no CDI ID), and a claim none of
+whose devices has edits gets no spec file at all (a spec without devices is refused).
+:meth:`CdiWriter.ensure` writes a spec again when it is missing or differs, so that a spec
+lost with the CDI dir (a tmpfs, emptied by a reboot) comes back from the checkpoint.
 """
 
 from __future__ import annotations
@@ -12,14 +20,17 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from kubedevice._regular_file import read_regular
 from kubedevice.dra.types import ContainerEdits
+from kubedevice.errors import ConfigError
+from kubedevice.plugin.cdi import validate_spec
 from kubedevice.plugin.files import write_atomically
 
-__all__ = ["CDI_VERSION", "CdiWriter"]
+__all__ = ["CDI_VERSION", "CdiWriter", "cdi_edits"]
 
 log = logging.getLogger(__name__)
 
@@ -41,34 +52,78 @@ class CdiWriter:
         """The fully qualified CDI device ID of ``device`` in claim ``claim_uid``."""
         return f"{self.kind}={claim_uid}-{device}"
 
+    def qualified(self, name: str) -> str:
+        """The fully qualified CDI device ID of the spec device ``name``."""
+        return f"{self.kind}={name}"
+
     def path(self, claim_uid: str) -> Path:
         """The spec file of claim ``claim_uid``."""
         if not _UID.match(claim_uid) or "/" in claim_uid:
             raise ValueError(f"claim UID {claim_uid!r} cannot name a CDI spec file")
         return self.cdi_dir / f"k8s.{self.driver_name}-claim_{claim_uid}.json"
 
-    def write(self, claim_uid: str, devices: Sequence[tuple[str, ContainerEdits]]) -> None:
-        """Write (atomically replace) the spec of claim ``claim_uid``.
+    def text(self, claim_uid: str, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+        """The spec of claim ``claim_uid`` as written (JSON text).
 
         Args:
             claim_uid: The claim's UID.
-            devices: ``(device name, edits)`` for each device that has edits.
+            devices: ``(spec device name, CDI containerEdits)`` of each device with edits;
+                a name given twice (one device in two requests, same edits) is written once.
 
         Raises:
-            OSError: The directory or file cannot be written.
+            ConfigError: A CDI runtime would refuse the spec (the message says which rule).
         """
+        entries: dict[str, Mapping[str, Any]] = {}
+        for name, edits in devices:
+            if entries.setdefault(name, edits) != edits:
+                raise ConfigError(f"CDI spec: device name {name!r} with two different edits")
+        if not entries:
+            raise ConfigError("CDI spec: no device has edits (a spec without devices is refused)")
         spec = {
             "cdiVersion": CDI_VERSION,
             "kind": self.kind,
             "devices": [
-                {"name": f"{claim_uid}-{name}", "containerEdits": _edits(edits)}
-                for name, edits in devices
+                {"name": name, "containerEdits": dict(edits)} for name, edits in entries.items()
             ],
         }
+        validate_spec(spec)
+        return json.dumps(spec, indent=2, sort_keys=True)
+
+    def write(self, claim_uid: str, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Write (atomically replace) the spec of claim ``claim_uid``; with no device, remove it.
+
+        Raises:
+            ConfigError: A CDI runtime would refuse the spec.
+            OSError: The directory or file cannot be written.
+        """
+        if not devices:
+            self.remove(claim_uid)
+            return
+        text = self.text(claim_uid, devices)
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(
-            self.path(claim_uid), json.dumps(spec, indent=2, sort_keys=True), mode=0o644
-        )
+        write_atomically(self.path(claim_uid), text, mode=0o644)
+
+    def ensure(self, claim_uid: str, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
+        """Write the spec of claim ``claim_uid`` unless the file holds exactly it already.
+
+        Returns:
+            Whether the file was (re)written (it was missing, different, or not a file).
+
+        Raises:
+            ConfigError: A CDI runtime would refuse the spec.
+            OSError: The directory or file cannot be written.
+        """
+        if not devices:
+            return self.remove(claim_uid)
+        text = self.text(claim_uid, devices)
+        try:
+            if read_regular(self.path(claim_uid), len(text) + 1) == text.encode():
+                return False
+        except OSError:
+            pass  # missing, or not a regular file: written below (a rename replaces it)
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path(claim_uid), text, mode=0o644)
+        return True
 
     def remove(self, claim_uid: str) -> bool:
         """Remove the spec of claim ``claim_uid``; whether there was one."""
@@ -98,7 +153,8 @@ class CdiWriter:
         return removed
 
 
-def _edits(edits: ContainerEdits) -> dict[str, Any]:
+def cdi_edits(edits: ContainerEdits) -> dict[str, Any]:
+    """``edits`` as CDI ``containerEdits`` (JSON); empty when there are none."""
     out: dict[str, Any] = {}
     if edits.env:
         out["env"] = [f"{key}={value}" for key, value in sorted(edits.env.items())]

@@ -1,17 +1,26 @@
 """The prepared-claim checkpoint: which claims this driver prepared, with what answer.
 
 A JSON file in the driver's plugin dir, replaced atomically on every change, with a SHA-256
-checksum over its claims (the driver's per-device ``data`` included). A device without data
-has no ``data`` key, so a file written before there was one reads the same and a driver that
-keeps none writes what older versions wrote. A file that cannot be read back (bad JSON,
-wrong checksum, wrong shape, a symlink) is moved aside as ``<name>.corrupt-<time>`` with a
-warning and the driver starts empty, so a restarted driver can still unprepare what it
-prepared before whenever the file is sound.
+checksum over its claims (the driver's per-device ``data`` included). Per device it keeps
+the request, pool and device, the CDI IDs answered, the share ID, admin access, the
+driver's ``data`` and the CDI ``containerEdits`` written into the claim's spec (``edits``),
+so the spec can be written again when it is gone (the CDI dir is a tmpfs: a reboot empties
+it, the checkpoint under the kubelet's dir stays). A claim whose prepare hook has started
+but not finished is kept with ``"state": "preparing"`` (:attr:`Checkpoint.preparing`), so
+that what the hook did is undone if the driver dies in it.
+
+Keys added later are optional: a device without ``data``, ``edits`` or ``adminAccess`` and a
+claim without ``state`` read as before (no data, edits unknown, no admin access, prepared),
+so a file written by an older version loads, and a driver that keeps no data writes no
+``data`` key. A file that cannot be read back (bad JSON, wrong checksum, wrong shape, a
+symlink, a FIFO, a directory or anything else that is not a regular file) is moved aside as
+``<name>.corrupt-<time>`` with one warning line (:attr:`Checkpoint.set_aside` says where) and
+the driver starts empty, so a restarted driver can still unprepare what it prepared before
+whenever the file is sound.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -22,6 +31,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
+from kubedevice._regular_file import NotRegularFileError, read_regular
 from kubedevice.dra.types import ClaimRef, PreparedClaim
 from kubedevice.plugin.files import write_atomically
 
@@ -31,35 +41,50 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION: Final = 1
 _MAX_BYTES: Final = 64 << 20
+_PREPARING: Final = "preparing"
 
 
 class Checkpoint:
-    """The prepared claims by UID, loaded from and saved to ``path``."""
+    """The prepared claims by UID, loaded from and saved to ``path``.
+
+    Attributes:
+        claims: The prepared claims by UID.
+        preparing: The claims whose prepare hook started and did not finish, by UID.
+        set_aside: Where an unusable file was moved at the last :meth:`load` (else ``None``).
+    """
 
     def __init__(self, path: Path, driver_name: str) -> None:
         self.path = path
         self.driver_name = driver_name
         self.claims: dict[str, PreparedClaim] = {}
+        self.preparing: dict[str, PreparedClaim] = {}
+        self.set_aside: Path | None = None
 
     def load(self) -> None:
-        """Read the file (missing: empty; unreadable: moved aside, empty)."""
-        self.claims = {}
+        """Read the file (missing: empty; unreadable or not a regular file: moved aside, empty)."""
+        self.claims, self.preparing, self.set_aside = {}, {}, None
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            raw = read_regular(self.path, _MAX_BYTES)
         except FileNotFoundError:
             return
+        except NotRegularFileError as exc:
+            self._move_aside(exc.strerror or "not a regular file")
+            return
         except OSError as exc:
-            self._move_aside(f"cannot be opened ({exc})")
+            self._move_aside(f"cannot be read ({exc.strerror or exc})")
             return
-        with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(_MAX_BYTES + 1)
         try:
-            self.claims = _decode(raw, self.driver_name)
-        except (ValueError, KeyError, TypeError) as exc:
-            self._move_aside(str(exc))
+            self.claims, self.preparing = _decode(raw, self.driver_name)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._move_aside(str(exc) or type(exc).__name__)
             return
-        if self.claims:
-            log.info("checkpoint %s: %d prepared claims", self.path, len(self.claims))
+        if self.claims or self.preparing:
+            log.info(
+                "checkpoint %s: %d prepared claims, %d interrupted while preparing",
+                self.path,
+                len(self.claims),
+                len(self.preparing),
+            )
 
     def save(self) -> None:
         """Write the file atomically (mode 0600).
@@ -68,6 +93,8 @@ class Checkpoint:
             OSError: It cannot be written.
         """
         claims = {uid: _encode_claim(claim) for uid, claim in sorted(self.claims.items())}
+        for uid, claim in sorted(self.preparing.items()):
+            claims[uid] = {**_encode_claim(claim), "state": _PREPARING}
         document = {
             "version": CHECKPOINT_VERSION,
             "driver": self.driver_name,
@@ -79,8 +106,18 @@ class Checkpoint:
 
     def _move_aside(self, why: str) -> None:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-        with contextlib.suppress(OSError):
+        try:
             os.replace(self.path, aside)
+        except OSError as exc:
+            log.error(
+                "checkpoint %s is unusable (%s) and cannot be moved aside (%s); starting "
+                "with no prepared claims",
+                self.path,
+                why,
+                exc.strerror or exc,
+            )
+            return
+        self.set_aside = aside
         log.warning(
             "checkpoint %s is unusable (%s); moved to %s, starting with no prepared claims",
             self.path,
@@ -94,6 +131,10 @@ def _checksum(claims: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _at(values: tuple[Any, ...], i: int, default: Any) -> Any:
+    return values[i] if i < len(values) else default
+
+
 def _encode_claim(claim: PreparedClaim) -> dict[str, Any]:
     devices: list[dict[str, Any]] = []
     for i, (request, pool, device) in enumerate(claim.devices):
@@ -101,23 +142,32 @@ def _encode_claim(claim: PreparedClaim) -> dict[str, Any]:
             "request": request,
             "pool": pool,
             "device": device,
-            "cdiIDs": list(claim.cdi_ids[i]) if i < len(claim.cdi_ids) else [],
-            "shareID": claim.share_ids[i] if i < len(claim.share_ids) else None,
+            "cdiIDs": list(_at(claim.cdi_ids, i, ())),
+            "shareID": _at(claim.share_ids, i, None),
         }
-        if i < len(claim.data) and claim.data[i]:
+        if _at(claim.admin_access, i, False):
+            entry["adminAccess"] = True
+        if _at(claim.data, i, None):
             entry["data"] = dict(claim.data[i])
+        edits = _at(claim.edits, i, None)
+        if edits is not None:
+            entry["edits"] = edits
         devices.append(entry)
     return {"namespace": claim.ref.namespace, "name": claim.ref.name, "devices": devices}
 
 
-def _decode_data(entry: Mapping[str, Any]) -> Mapping[str, Any]:
-    data = entry.get("data", {})
-    if not isinstance(data, dict):
-        raise ValueError(f"device {entry.get('device')!r}: data is not a JSON object")
-    return MappingProxyType(data)
+def _decode_object(entry: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    value = entry.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"device {entry.get('device')!r}: {key} is not a JSON object")
+    return MappingProxyType(value)
 
 
-def _decode(raw: bytes, driver_name: str) -> dict[str, PreparedClaim]:
+def _decode(
+    raw: bytes, driver_name: str
+) -> tuple[dict[str, PreparedClaim], dict[str, PreparedClaim]]:
     if len(raw) > _MAX_BYTES:
         raise ValueError(f"larger than {_MAX_BYTES} bytes")
     document = json.loads(raw)
@@ -130,16 +180,23 @@ def _decode(raw: bytes, driver_name: str) -> dict[str, PreparedClaim]:
     claims = document["claims"]
     if not isinstance(claims, dict) or _checksum(claims) != document.get("checksum"):
         raise ValueError("checksum mismatch")
-    out: dict[str, PreparedClaim] = {}
+    prepared: dict[str, PreparedClaim] = {}
+    preparing: dict[str, PreparedClaim] = {}
     for uid, entry in claims.items():
         devices = entry["devices"]
-        out[uid] = PreparedClaim(
+        claim = PreparedClaim(
             ref=ClaimRef(namespace=str(entry["namespace"]), name=str(entry["name"]), uid=uid),
             devices=tuple((str(d["request"]), str(d["pool"]), str(d["device"])) for d in devices),
             cdi_ids=tuple(tuple(str(i) for i in d["cdiIDs"]) for d in devices),
             share_ids=tuple(
                 None if d.get("shareID") is None else str(d["shareID"]) for d in devices
             ),
-            data=tuple(_decode_data(d) for d in devices),
+            data=tuple(_decode_object(d, "data") or MappingProxyType({}) for d in devices),
+            edits=tuple(_decode_object(d, "edits") for d in devices),
+            admin_access=tuple(bool(d.get("adminAccess")) for d in devices),
         )
-    return out
+        state = entry.get("state")
+        if state not in (None, _PREPARING):
+            raise ValueError(f"claim {uid}: unknown state {state!r}")
+        (preparing if state == _PREPARING else prepared)[uid] = claim
+    return prepared, preparing

@@ -76,6 +76,11 @@ def claim_from_object(
         request = _string(result.get("request"), f"{where}.request")
         name = _string(result.get("device"), f"{where}.device")
         share_id = result.get("shareID")
+        tolerations = result.get("tolerations") or []
+        if not isinstance(tolerations, list) or not all(
+            isinstance(t, Mapping) for t in tolerations
+        ):
+            raise ClaimError(f"{where}.tolerations is not a list of objects")
         out.append(
             AllocatedDevice(
                 request=request,
@@ -85,6 +90,7 @@ def claim_from_object(
                 configs=tuple(c for c in configs if c.applies_to(request)),
                 admin_access=bool(result.get("adminAccess")),
                 share_id=None if share_id is None else str(share_id),
+                tolerations=tuple(tolerations),
             )
         )
     return Claim(ref=ref, devices=tuple(out), configs=configs, resource_claim=obj)

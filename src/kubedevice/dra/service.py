@@ -28,21 +28,22 @@ import grpc
 
 from kubedevice._api.dra.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
 from kubedevice._api.dra.v1beta1 import api_pb2 as v1beta1, api_pb2_grpc as v1beta1_grpc
-from kubedevice.dra.cdi import CdiWriter
+from kubedevice.dra.cdi import CdiWriter, cdi_edits
 from kubedevice.dra.checkpoint import Checkpoint
 from kubedevice.dra.claims import claim_from_object
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.rules import check_claim
+from kubedevice.dra.slices import unhealthy_taint_key
 from kubedevice.dra.types import (
     MAX_DEVICE_DATA_BYTES,
     Claim,
     ClaimRef,
-    ContainerEdits,
     Device,
     PreparedClaim,
     PreparedDevice,
 )
-from kubedevice.errors import ClaimError, KubeApiError, KubeDeviceError
+from kubedevice.errors import ClaimError, ConfigError, KubeApiError, KubeDeviceError
 
 __all__ = ["ClaimService", "V1Servicer", "V1beta1Servicer"]
 
@@ -97,10 +98,15 @@ class ClaimService:
         self._saved = 0  # of which saved
 
     async def restore(self) -> None:
-        """Hand every claim of the (loaded) checkpoint to the driver's ``restore`` hook.
+        """Make the loaded checkpoint true again, before anything is served.
+
+        The prepared claims go to the driver's ``restore`` hook; a claim whose prepare was
+        interrupted (the driver died in the hook) is undone (``unprepare`` hook, CDI spec
+        removed, forgotten); every prepared claim's CDI spec is written again where it is
+        missing or differs (the CDI dir is a tmpfs that a reboot empties).
 
         Raises:
-            KubeDeviceError: The hook failed.
+            KubeDeviceError: The ``restore`` hook failed.
         """
         claims = list(self.checkpoint.claims.values())
         try:
@@ -111,7 +117,28 @@ class ClaimService:
             ) from exc
         if claims:
             log.info("%d prepared claims handed to the driver's restore hook", len(claims))
+        for interrupted in list(self.checkpoint.preparing.values()):
+            log.warning(
+                "claim %s: its prepare was interrupted before it finished; undoing it",
+                interrupted.ref,
+            )
+            await self._undo(interrupted)
+            await asyncio.to_thread(self.cdi.remove, interrupted.ref.uid)
+            del self.checkpoint.preparing[interrupted.ref.uid]
+            try:
+                await self._save()
+            except OSError as exc:  # still "preparing" on disk: undone again next start
+                log.error("cannot save the checkpoint: %s", exc)
+        written = 0
+        for claim in claims:
+            try:
+                written += await self._ensure_spec(claim)
+            except ClaimError as exc:  # answered again (and retried) on the next prepare
+                log.error("claim %s: %s", claim.ref, exc)
+        if written:
+            log.warning("%d claims' CDI specs were missing or changed; written again", written)
 
+    # ---- the RPCs (v1 messages) ------------------------------------------------------
     # ---- the RPCs (v1 messages) ------------------------------------------------------
 
     async def prepare(
@@ -153,9 +180,14 @@ class ClaimService:
             try:
                 prepared = self.checkpoint.claims.get(ref.uid)
                 if prepared is None:
+                    interrupted = self.checkpoint.preparing.get(ref.uid)
+                    if interrupted is not None:
+                        log.warning("claim %s: an earlier prepare was interrupted; undoing it", ref)
+                        await self._forget(interrupted, undo=True)
                     prepared = await self._prepare_new(ref)
                     log.info("prepared claim %s: %d devices", ref, len(prepared.devices))
                 else:
+                    prepared = await self._answer_again(prepared)
                     log.debug("claim %s was prepared before; same answer", ref)
             except ClaimError as exc:
                 log.warning("cannot prepare claim %s: %s", ref, exc)
@@ -167,46 +199,132 @@ class ClaimService:
                 )
         return _answer(prepared)
 
+    async def _answer_again(self, prepared: PreparedClaim) -> PreparedClaim:
+        """A claim prepared before: its CDI spec written again if it is gone or differs.
+
+        A checkpoint entry older than the edits it keeps cannot rebuild a lost spec: then
+        the claim is read again and the prepare hook called again (its answer replaces
+        the entry), as on a first prepare.
+        """
+        if any(e is None for e in prepared.edits) or len(prepared.edits) < len(prepared.devices):
+            wanted = any(prepared.cdi_ids)
+            path = self.cdi.path(prepared.ref.uid)
+            if not wanted or await asyncio.to_thread(path.is_file):
+                return prepared
+            log.warning(
+                "claim %s: its CDI spec is gone and its checkpoint entry predates the edits "
+                "it needs; preparing it again",
+                prepared.ref,
+            )
+            return await self._prepare_new(prepared.ref)
+        if await self._ensure_spec(prepared):
+            log.warning("claim %s: CDI spec missing or changed; written again", prepared.ref)
+        return prepared
+
+    async def _ensure_spec(self, prepared: PreparedClaim) -> bool:
+        """Write ``prepared``'s spec from its edits if the file is missing or differs.
+
+        Raises:
+            ClaimError: It cannot be written.
+        """
+        specs = _spec_devices(prepared)
+        if specs is None:
+            return False  # an entry older than the edits: see _answer_again
+        try:
+            return await asyncio.to_thread(self.cdi.ensure, prepared.ref.uid, specs)
+        except (OSError, ConfigError) as exc:
+            raise ClaimError(f"cannot write the claim's CDI spec again: {exc}") from None
+
     async def _prepare_new(self, ref: ClaimRef) -> PreparedClaim:
         claim = await self._read(ref)
-        results = await _call_hook(self.driver.prepare, claim)
+        check_claim(
+            claim,
+            driver_name=self.driver_name,
+            node_name=self.node_name,
+            devices=self.devices(),
+            taint_key=unhealthy_taint_key(self.driver_name),
+            held=[*self.checkpoint.claims.values(), *self.checkpoint.preparing.values()],
+        )
+        started = PreparedClaim(
+            ref=ref,
+            devices=tuple((d.request, d.pool, d.name) for d in claim.devices),
+            cdi_ids=tuple(() for _ in claim.devices),
+            share_ids=tuple(d.share_id for d in claim.devices),
+            admin_access=tuple(d.admin_access for d in claim.devices),
+        )
+        # "prepare started" is on disk before the hook runs: if the driver dies in the
+        # hook, the next start (or the next unprepare) undoes what the hook did
+        before = self.checkpoint.claims.pop(ref.uid, None)
+        self.checkpoint.preparing[ref.uid] = started
+        try:
+            await self._save()
+        except OSError as exc:
+            del self.checkpoint.preparing[ref.uid]
+            if before is not None:
+                self.checkpoint.claims[ref.uid] = before
+            raise ClaimError(f"cannot record the claim before preparing it: {exc}") from None
+        try:
+            results = await _call_hook(self.driver.prepare, claim)
+        except Exception:
+            await self._drop_started(ref)  # the hook failed: it undid its own work
+            raise
         try:
             prepared = _check_prepared(claim, results)
         except ClaimError:
-            await self._undo(  # the hook did its work: undo it for every allocated device
-                PreparedClaim(
-                    ref=ref,
-                    devices=tuple((d.request, d.pool, d.name) for d in claim.devices),
-                    cdi_ids=tuple(() for _ in claim.devices),
-                    share_ids=tuple(d.share_id for d in claim.devices),
-                )
-            )
+            await self._undo(started)  # the hook did its work: undo it for every device
+            await self._drop_started(ref)
             raise
-        specs: list[tuple[str, ContainerEdits]] = []
+        done = self._record(ref, prepared)
+        try:
+            await asyncio.to_thread(self.cdi.write, ref.uid, _spec_devices(done) or [])
+            self.checkpoint.claims[ref.uid] = done
+            del self.checkpoint.preparing[ref.uid]
+            await self._save()
+        except (OSError, ConfigError) as exc:
+            self.checkpoint.claims.pop(ref.uid, None)
+            self.checkpoint.preparing[ref.uid] = started
+            await asyncio.to_thread(self.cdi.remove, ref.uid)
+            await self._undo(done)
+            await self._drop_started(ref)
+            raise ClaimError(f"cannot record the prepared claim: {exc}") from None
+        return done
+
+    def _record(self, ref: ClaimRef, prepared: Sequence[PreparedDevice]) -> PreparedClaim:
+        """The checkpoint entry of a prepared claim: one spec device per device with edits
+        (a device in two requests with the same edits once, with other edits ``_<n>``)."""
+        used: dict[str, Mapping[str, Any]] = {}
         cdi_ids: list[tuple[str, ...]] = []
+        edits: list[Mapping[str, Any]] = []
         for item in prepared:
-            if item.edits:
-                specs.append((item.device.name, item.edits))
-                cdi_ids.append((self.cdi.cdi_id(ref.uid, item.device.name),))
-            else:
+            own = cdi_edits(item.edits)
+            edits.append(own)
+            if not own:
                 cdi_ids.append(())
-        done = PreparedClaim(
+                continue
+            base = name = f"{ref.uid}-{item.device.name}"
+            n = 0
+            while used.setdefault(name, own) != own:
+                n += 1
+                name = f"{base}_{n}"
+            cdi_ids.append((self.cdi.qualified(name),))
+        return PreparedClaim(
             ref=ref,
             devices=tuple((p.device.request, p.device.pool, p.device.name) for p in prepared),
             cdi_ids=tuple(cdi_ids),
             share_ids=tuple(p.device.share_id for p in prepared),
             data=tuple(p.data for p in prepared),
+            edits=tuple(edits),
+            admin_access=tuple(p.device.admin_access for p in prepared),
         )
+
+    async def _drop_started(self, ref: ClaimRef) -> None:
+        """Forget a claim whose prepare failed (best effort on disk: a start undoes it)."""
+        if self.checkpoint.preparing.pop(ref.uid, None) is None:
+            return
         try:
-            await asyncio.to_thread(self.cdi.write, ref.uid, specs)
-            self.checkpoint.claims[ref.uid] = done
             await self._save()
         except OSError as exc:
-            self.checkpoint.claims.pop(ref.uid, None)
-            await asyncio.to_thread(self.cdi.remove, ref.uid)
-            await self._undo(done)
-            raise ClaimError(f"cannot record the prepared claim: {exc}") from None
-        return done
+            log.error("cannot save the checkpoint: %s", exc)
 
     async def _read(self, ref: ClaimRef) -> Claim:
         if self.kube is None:
@@ -231,19 +349,47 @@ class ClaimService:
         except Exception:
             log.exception("unprepare of %s after a failed prepare failed too", prepared.ref)
 
+    async def _forget(self, prepared: PreparedClaim, *, undo: bool) -> None:
+        """Unprepare ``prepared`` and forget it once the checkpoint without it is saved.
+
+        Raises:
+            ClaimError: The checkpoint cannot be saved (the claim is kept: retried later).
+            Exception: The ``unprepare`` hook failed (with ``undo=False``).
+        """
+        uid = prepared.ref.uid
+        if undo:
+            await self._undo(prepared)
+        else:
+            await _call_hook(self.driver.unprepare, prepared)
+        await asyncio.to_thread(self.cdi.remove, uid)
+        table = (
+            self.checkpoint.claims if uid in self.checkpoint.claims else self.checkpoint.preparing
+        )
+        del table[uid]
+        try:
+            await self._save()
+        except OSError as exc:
+            table[uid] = prepared  # forgotten only once that is on disk
+            raise ClaimError(
+                f"cannot save the checkpoint without claim {prepared.ref} ({exc}); "
+                "it stays prepared until an unprepare succeeds"
+            ) from None
+
     async def _unprepare_one(self, raw: v1.Claim) -> str:
         if not raw.uid:
             return "claim uid is empty"
         async with self._lock(raw.uid):
             prepared = self.checkpoint.claims.get(raw.uid)
+            interrupted = self.checkpoint.preparing.get(raw.uid) if prepared is None else None
             try:
                 if prepared is not None:
-                    await _call_hook(self.driver.unprepare, prepared)
-                await asyncio.to_thread(self.cdi.remove, raw.uid)
-                if prepared is not None:
-                    del self.checkpoint.claims[raw.uid]
-                    await self._save()
+                    await self._forget(prepared, undo=False)
                     log.info("unprepared claim %s", prepared.ref)
+                elif interrupted is not None:
+                    await self._forget(interrupted, undo=True)
+                    log.info("undid the interrupted prepare of claim %s", interrupted.ref)
+                else:
+                    await asyncio.to_thread(self.cdi.remove, raw.uid)
             except ClaimError as exc:
                 log.warning("cannot unprepare claim %s: %s", raw.uid, exc)
                 return str(exc)
@@ -326,11 +472,25 @@ def _json_data(item: PreparedDevice) -> Mapping[str, Any]:
     return MappingProxyType(data)
 
 
+def _spec_devices(prepared: PreparedClaim) -> list[tuple[str, Mapping[str, Any]]] | None:
+    """``(spec device name, edits)`` of the claim's spec; ``None`` if the edits are unknown."""
+    if len(prepared.edits) < len(prepared.devices) or any(e is None for e in prepared.edits):
+        return None
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for ids, edits in zip(prepared.cdi_ids, prepared.edits, strict=False):
+        if ids and edits:
+            out.append((ids[0].split("=", 1)[1], edits))
+    return out
+
+
 def _answer(prepared: PreparedClaim) -> v1.NodePrepareResourceResponse:
     answer = v1.NodePrepareResourceResponse()
     for i, (request, pool, device) in enumerate(prepared.devices):
         entry = answer.devices.add(
-            request_names=[request],
+            # the kubelet gives a container the devices whose request names contain the
+            # request it names (resources.claims[].request), always a top-level request:
+            # a subrequest's device ("gpu/small", firstAvailable) is answered as "gpu"
+            request_names=[request.split("/", 1)[0]],
             pool_name=pool,
             device_name=device,
             cdi_device_ids=list(prepared.cdi_ids[i]) if i < len(prepared.cdi_ids) else [],

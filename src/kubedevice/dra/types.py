@@ -145,13 +145,37 @@ class DeviceNode:
             raise ConfigError(f"device node permissions {self.permissions!r}: only r, w and m")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Mount:
-    """A bind mount the container gets (CDI ``mounts``)."""
+    """A bind mount the container gets (CDI ``mounts``), keywords only:
+    ``Mount(container_path="/data", host_path="/srv/data", read_only=True)``.
 
-    host_path: str
+    Positional arguments are refused with a :class:`TypeError`: the kit once took the host
+    path first while :class:`DeviceNode` and the SDK's ``kubedevice.Mount`` take the
+    container path first, so a positional call could be swapped without a word.
+    """
+
     container_path: str
-    read_only: bool = True
+    host_path: str
+    read_only: bool
+
+    def __init__(
+        self,
+        *args: object,
+        container_path: str | None = None,
+        host_path: str | None = None,
+        read_only: bool = True,
+    ) -> None:
+        if args or container_path is None or host_path is None:
+            given = f"{len(args)} positional argument(s) given" if args else "a path missing"
+            raise TypeError(
+                "dra.Mount takes keyword arguments only: "
+                f"Mount(container_path=..., host_path=..., read_only=...) ({given})"
+            )
+        object.__setattr__(self, "container_path", container_path)
+        object.__setattr__(self, "host_path", host_path)
+        object.__setattr__(self, "read_only", read_only)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         for name in ("host_path", "container_path"):
@@ -418,6 +442,8 @@ class AllocatedDevice:
             first, then the claim's; a later one overrides an earlier one.
         admin_access: The claim asked for admin access to the device.
         share_id: The share of a device with consumable capacity, if any.
+        tolerations: The device taints the allocation tolerates (JSON, as in the claim's
+            allocation result).
     """
 
     request: str
@@ -427,6 +453,7 @@ class AllocatedDevice:
     configs: tuple[OpaqueConfig, ...] = ()
     admin_access: bool = False
     share_id: str | None = None
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,6 +505,10 @@ class PreparedClaim:
         share_ids: The share ID of each device (``None`` for a whole device), same order.
         data: The :attr:`PreparedDevice.data` the prepare hook gave each device (an empty
             mapping for none), same order, as read back from JSON (lists, not tuples).
+        edits: The CDI ``containerEdits`` (JSON) written for each device, same order: the
+            kit writes the claim's CDI spec again from them when it is gone. ``None`` where
+            the checkpoint predates them; an empty mapping for a device without edits.
+        admin_access: Whether each device was allocated with admin access, same order.
     """
 
     ref: ClaimRef
@@ -485,3 +516,5 @@ class PreparedClaim:
     cdi_ids: tuple[tuple[str, ...], ...] = ()
     share_ids: tuple[str | None, ...] = ()
     data: tuple[Mapping[str, Any], ...] = ()
+    edits: tuple[Mapping[str, Any] | None, ...] = ()
+    admin_access: tuple[bool, ...] = ()

@@ -136,7 +136,10 @@ def _pci(sys_root: str, phys: PhysicalDevice) -> tuple[str | None, str | None]:
 
 def _edits(group: GroupSpec, phys: PhysicalDevice, resource: str) -> ContainerEdits:
     nodes = [DeviceNode(n.container_path, n.host_path, n.permissions) for n in phys.nodes]
-    mounts = [Mount(m.host_path, m.container_path, m.read_only) for m in group.mounts]
+    mounts = [
+        Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+        for m in group.mounts
+    ]
     values = {
         "ids": phys.id,
         "devices": phys.id,

@@ -227,7 +227,7 @@ class GpuDraDriver(Driver):
         """Each allocated device and the time-slice level its config asks for (or None).
 
         Raises:
-            ClaimError: An unknown or unhealthy device, or a config that is invalid or of
+            ClaimError: An unknown device, or a config that is invalid or of
                 the wrong kind for its device; the message names the request and field.
         """
         plan: list[tuple[GpuDevice, int | None]] = []
@@ -235,9 +235,8 @@ class GpuDraDriver(Driver):
             gd = self._by_name.get(allocated.name)
             if gd is None:
                 raise ClaimError(f"device {allocated.name} is not a GPU of this node")
-            if self.health is not None and not self.health.healthy(gd.unit.uuid):
-                reason = self.health.unhealthy().get(gd.unit.uuid, "unhealthy")
-                raise ClaimError(f"device {allocated.name} ({gd.unit.uuid}) is unhealthy: {reason}")
+            # an unhealthy device: the kit refused the claim before this hook (its rule,
+            # the same for every driver: kubedevice.dra.rules), unless it tolerates the taint
             source = f"request {allocated.request}: opaque config"
             try:
                 config = effective_config([c.parameters for c in allocated.configs], source)
@@ -266,7 +265,8 @@ class GpuDraDriver(Driver):
         control = [DeviceNode(p, host_path=p) for p in gd.unit.device_nodes if p in _CONTROL]
         host_root = self.config.flags.effective_host_driver_root
         mounts = [
-            Mount(str(PurePosixPath(host_root, f.source)), f.target) for f in self._driver_files
+            Mount(container_path=f.target, host_path=str(PurePosixPath(host_root, f.source)))
+            for f in self._driver_files
         ]
         return ContainerEdits(device_nodes=own + control, mounts=mounts)
 
