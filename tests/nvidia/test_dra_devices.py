@@ -123,3 +123,40 @@ def test_recording_without_numa_has_no_numa_attribute(gpu_host: Any) -> None:
     assert "numaNode" not in gpu.device.attributes
     assert "nvlinkDomain" not in gpu.device.attributes
     assert gpu.device.attributes["resource.kubernetes.io/pciBusID"] == "0000:00:06.0"
+
+
+def test_mig_devices_carry_nvidias_capacities_from_the_profile(gpu_host: Any) -> None:
+    """A claim written for NVIDIA's driver selects on these; an unknown capacity in a CEL
+    selector is an error that stops the claim from scheduling."""
+    devices = {d.device.name: d.device for d in _devices(gpu_host("mig-mixed"), "mixed")}
+    caps = {k: str(v) for k, v in devices["gpu-0-mig-3g-71gb-2-0"].capacity.items()}
+    assert caps == {
+        "memory": str(69888 * 1024 * 1024),
+        "multiprocessors": "60",
+        "copyEngines": "3",
+        "decoders": "3",
+        "encoders": "0",
+        "jpegEngines": "3",
+        "ofaEngines": "0",
+        **{f"memorySlice{i}": "1" for i in range(4, 8)},
+    }
+    small = {k: str(v) for k, v in devices["gpu-0-mig-1g-18gb-9-0"].capacity.items()}
+    assert (small["multiprocessors"], small["memorySlice2"]) == ("16", "1")
+    assert [k for k in small if k.startswith("memorySlice")] == ["memorySlice2"]
+    assert "multiprocessors" not in devices["gpu-2"].capacity  # a whole GPU: memory only
+
+
+def test_a_whole_gpu_mig_device_fits_the_apis_32_attributes_and_capacities() -> None:
+    from kubedevice.nvidia.backend import MigProfileInfo
+    from kubedevice.nvidia.dra.devices import _fit, mig_capacity
+
+    info = MigProfileInfo(132, 8, 7, 0, 7, 1, 143771, placement_start=0, placement_size=8)
+    capacity = {"memory": 1, **mig_capacity(info)}
+    assert len(capacity) == 15
+    attrs: dict[str, Any] = {f"a{i}": i for i in range(16)}
+    attrs.update(migEnabled=True, nvlinkDomain=0, numaNode=0)
+    _fit(attrs, capacity)
+    assert len(attrs) + len(capacity) == 32
+    assert "migEnabled" not in attrs
+    assert "nvlinkDomain" not in attrs
+    assert attrs["numaNode"] == 0  # only as many as needed go

@@ -36,6 +36,7 @@ __all__ = [
     "MigDeviceInfo",
     "MigPartitioning",
     "MigPlacement",
+    "MigProfileInfo",
     "NvmlBackend",
     "P2PLevel",
     "ProcessSample",
@@ -106,6 +107,22 @@ class GpuInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class MigProfileInfo:
+    """What NVML says about a MIG device's GPU instance profile
+    (``nvmlGpuInstanceProfileInfo_t``) and where the instance sits in the GPU's memory."""
+
+    multiprocessors: int  # multiprocessorCount
+    copy_engines: int  # copyEngineCount
+    decoders: int  # decoderCount
+    encoders: int  # encoderCount
+    jpeg_engines: int  # jpegCount
+    ofa_engines: int  # ofaCount
+    memory_mib: int  # memorySizeMB (MiB, as nvml.h documents it)
+    placement_start: int  # the GPU instance's placement: its first memory slice
+    placement_size: int  # and how many memory slices it spans
+
+
+@dataclass(frozen=True, slots=True)
 class MigDeviceInfo:
     """One MIG device (a compute instance inside a GPU instance) of a MIG-enabled GPU."""
 
@@ -119,6 +136,8 @@ class MigDeviceInfo:
     memory_total: int  # bytes
     # Minors of /dev/nvidia-caps/nvidia-cap<N> giving access to this GI and CI.
     cap_minors: tuple[int, ...] = ()
+    #: The GPU instance's profile and placement; ``None`` where NVML cannot tell.
+    profile_info: MigProfileInfo | None = None
 
 
 @dataclass(frozen=True, slots=True, order=True)

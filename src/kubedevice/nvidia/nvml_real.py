@@ -46,6 +46,7 @@ from kubedevice.nvidia.backend import (
     HealthEvent,
     Link,
     MigDeviceInfo,
+    MigProfileInfo,
     P2PLevel,
     ProcessSample,
 )
@@ -318,6 +319,7 @@ class RealNvml(RealMigPartitioning):
                     ci_id=ci,
                     memory_total=mem_mib * _MIB,
                     cap_minors=self._cap_minors(minor, gi, ci),
+                    profile_info=self._profile_info(h, gi, muuid),
                 )
             )
             with self._lock:
@@ -325,6 +327,32 @@ class RealNvml(RealMigPartitioning):
         with self._lock:
             self._mig[gpu_uuid] = out
         return out
+
+    def _profile_info(self, h: Any, gi: int, uuid: str) -> MigProfileInfo | None:
+        """The GPU instance's profile info and placement; ``None`` where NVML cannot say."""
+        nv = self._require()
+        try:
+            info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(h, gi))
+            for profile in range(int(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+                try:
+                    p = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, profile)
+                except nv.NVMLError:
+                    continue  # a profile this GPU does not have
+                if int(p.id) == int(info.profileId):
+                    return MigProfileInfo(
+                        multiprocessors=int(p.multiprocessorCount),
+                        copy_engines=int(p.copyEngineCount),
+                        decoders=int(p.decoderCount),
+                        encoders=int(p.encoderCount),
+                        jpeg_engines=int(p.jpegCount),
+                        ofa_engines=int(p.ofaCount),
+                        memory_mib=int(p.memorySizeMB),
+                        placement_start=int(info.placement.start),
+                        placement_size=int(info.placement.size),
+                    )
+        except (nv.NVMLError, AttributeError) as exc:
+            log.debug("%s: no GPU instance profile info: %s", uuid, exc)
+        return None
 
     def _cap_minors(self, gpu_minor: int, gi: int, ci: int) -> tuple[int, ...]:
         base = self._proc_root / "driver/nvidia/capabilities" / f"gpu{gpu_minor}" / "mig"

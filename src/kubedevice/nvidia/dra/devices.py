@@ -16,7 +16,14 @@ selects the same GPUs once the driver name matches:
   (when sysfs tells) and ``nvlinkDomain``: GPUs with the
   same value are all directly NVLink-connected to each other (the largest such group a
   GPU belongs to, named by its lowest NVML index; absent without NVLink);
-* capacity ``memory`` (bytes).
+* capacity ``memory`` (bytes); MIG devices also NVIDIA's ``multiprocessors``,
+  ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``, ``ofaEngines`` and
+  ``memorySlice<i>`` (1 for each memory slice the GPU instance spans), from NVML's GPU
+  instance profile info, where NVML gives it. A MIG device that would pass the API's 32
+  attributes and capacities leaves out ``migEnabled``, ``nvlinkDomain`` and ``numaNode``
+  (in that order, only as many as needed).
+
+docs/nvidia.md has the table of which names match NVIDIA's driver.
 
 Device names are NVIDIA's: ``gpu-<minor>``, and ``gpu-<minor>-mig-<profile>-<gi>-<ci>``.
 """
@@ -30,13 +37,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from kubedevice.dra import ContainerEdits, Device, DeviceNode, Fault, Health, Version
-from kubedevice.dra.types import AttributeValue
+from kubedevice.dra.types import MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
 from kubedevice.nvidia.backend import (
     DriverInfo,
     GpuInfo,
     GpuInstanceProfile,
     MigDeviceInfo,
     MigPlacement,
+    MigProfileInfo,
 )
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import GpuUnit, build_inventory
@@ -55,6 +63,7 @@ __all__ = [
     "GpuDevice",
     "Partition",
     "build_devices",
+    "mig_capacity",
     "nvlink_domains",
     "semver",
 ]
@@ -220,6 +229,37 @@ def _common(gpu: GpuInfo, driver: DriverInfo | None, sys_root: str) -> dict[str,
     return attrs
 
 
+def mig_capacity(info: MigProfileInfo) -> dict[str, int]:
+    """A MIG device's capacities as NVIDIA's driver names them, from its GPU instance
+    profile: engines and multiprocessors, and ``memorySlice<i>: 1`` for each memory slice
+    the instance spans (``memory`` stays the device's own memory in bytes)."""
+    out = {
+        "multiprocessors": info.multiprocessors,
+        "copyEngines": info.copy_engines,
+        "decoders": info.decoders,
+        "encoders": info.encoders,
+        "jpegEngines": info.jpeg_engines,
+        "ofaEngines": info.ofa_engines,
+    }
+    for i in range(info.placement_start, info.placement_start + info.placement_size):
+        out[f"memorySlice{i}"] = 1
+    return out
+
+
+#: Our own MIG attributes NVIDIA's driver does not publish, left out (in this order) where
+#: a device would pass the API's 32 attributes and capacities: ``migEnabled`` is always true
+#: on a MIG device, a MIG device has no NVLink peer access, and the standard
+#: ``resource.kubernetes.io/numaNode`` stays.
+_DROPPABLE: Final = ("migEnabled", "nvlinkDomain", "numaNode")
+
+
+def _fit(attrs: dict[str, AttributeValue], capacity: Mapping[str, int]) -> None:
+    for name in _DROPPABLE:
+        if len(attrs) + len(capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES:
+            return
+        attrs.pop(name, None)
+
+
 def _edits(unit: GpuUnit) -> ContainerEdits:
     return ContainerEdits(device_nodes=[DeviceNode(p, host_path=p) for p in unit.device_nodes])
 
@@ -270,10 +310,14 @@ def build_devices(
                 minor=gpu.minor,
                 profile=m.profile,
             )
+        capacity: dict[str, int] = {"memory": unit.memory}
+        if m is not None and m.profile_info is not None:
+            capacity.update(mig_capacity(m.profile_info))
+            _fit(attrs, capacity)
         device = Device(
             name=name[:63].rstrip("-"),
             attributes=attrs,
-            capacity={"memory": unit.memory},
+            capacity=capacity,
             edits=_edits(unit),
         )
         out.append(GpuDevice(device=device, unit=unit, gpu=gpu, mig=m))

@@ -31,6 +31,7 @@ from kubedevice.nvidia.fake.machine import (
     _sysfs_bus_id,
     resolve_machine_path,
 )
+from kubedevice.nvidia.fake.migprofiles import MEMORY_SLICES, first_fit, profile_info
 from kubedevice.nvidia.fake.replay import _timeline
 from kubedevice.plugin.schema import (
     Check,
@@ -104,6 +105,7 @@ class _MigSpec(_Strict):
     ci_id: _Count = 0
     memory_mib: Annotated[int, Gt(0)]
     cap_minors: list[int] = field(default_factory=list)
+    placement_start: Annotated[int, Ge(0), Le(7)] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +192,11 @@ def _parse_synthetic(raw: dict[str, Any], path: Path) -> FakeMachine:
     for pos, g in enumerate(spec.gpus):
         index = pos if g.index is None else g.index
         uuid = g.uuid
+        starts = first_fit(
+            [max(1, round(m.memory_mib * MEMORY_SLICES / g.memory_mib)) for m in g.mig_devices],
+            [m.placement_start for m in g.mig_devices],
+        )
+        hopper = g.architecture == "hopper"
         mig = tuple(
             MigDeviceInfo(
                 parent_uuid=uuid,
@@ -201,8 +208,11 @@ def _parse_synthetic(raw: dict[str, Any], path: Path) -> FakeMachine:
                 ci_id=m.ci_id,
                 memory_total=m.memory_mib * _MIB,
                 cap_minors=tuple(m.cap_minors),
+                profile_info=profile_info(m.profile, m.memory_mib, g.memory_mib, start)
+                if hopper
+                else None,
             )
-            for i, m in enumerate(g.mig_devices)
+            for i, (m, start) in enumerate(zip(g.mig_devices, starts, strict=True))
         )
         if mig and not g.mig_enabled:
             raise ConfigError(f"{path}: gpus.{pos}.mig_devices: given but mig_enabled is false")
