@@ -448,3 +448,35 @@ async def test_a_planted_checkpoint_is_moved_aside_and_the_driver_starts_empty(
         await srv.stop()
     if kind == "symlink":
         assert (kdir / "elsewhere.json").read_text() == "{}"  # never written through
+
+
+async def test_the_generic_driver_refuses_a_claim_on_its_unhealthy_device_too(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """The same rule as the GPU driver's, from the kit (it once prepared such a claim)."""
+    from kubedevice.generic import FakeHost
+    from kubedevice.generic.config import parse_config
+    from kubedevice.generic.dra import GenericDraDriver
+
+    host = FakeHost(kdir / "host")
+    host.add_char_device("/dev/dri/renderD129")
+    host.set_attr("/sys/class/drm/renderD129/device/enable", "0")  # its check fails
+    group = {
+        "paths": [{"path": "/dev/dri/renderD*"}],
+        "health": {
+            "periodSeconds": 3600,
+            "sysfsAttribute": {"path": "/sys/class/drm/{name}/device/enable", "expect": "1"},
+        },
+    }
+    config = parse_config(
+        {"version": "v1", "resources": [{"name": "example.com/render", "groups": [group]}]}
+    ).with_roots(str(host.dev_root), str(host.sys_root))
+    driver_name = GenericDraDriver.driver_name
+    async with server(GenericDraDriver(config), kdir, kubeconfig, node_name) as srv:
+        [name] = srv.devices
+        assert srv.devices[name].health == dra.Health.UNHEALTHY
+        ref = _claim(api, f"render-{node_name}", [result("gpu", driver_name, node_name, name)])
+        sock = kdir / "plugins" / driver_name / "dra.sock"
+        error = (await clients.prepare(sock, [ref])).claims[ref[2]].error
+    assert error.startswith(f"device {name} is Unhealthy (tainted {driver_name}/unhealthy=")
+    assert not (kdir / "cdi" / f"k8s.{driver_name}-claim_{ref[2]}.json").exists()

@@ -138,13 +138,14 @@ async def test_an_unprepare_whose_checkpoint_cannot_be_saved_fails_and_is_retrie
     assert (await clients.prepare(proc.dra_sock, [ref])).claims[ref[2]].error == ""
     filler = _fill(proc.path(proc.plugin_dir))
     error = (await clients.unprepare(proc.dra_sock, [ref])).claims[ref[2]].error
+    assert error  # the kubelet retries
+    filler.unlink()  # space again: the retry unprepares it for real (the hook again)
+    assert (await clients.unprepare(proc.dra_sock, [ref])).claims[ref[2]].error == ""
+    journal = (kdir / "state" / "journal").read_text().splitlines()
+    assert journal == [f"unprepare {ref[2]}"] * 2, "the retry was answered without the hook"
     assert error.startswith(f"cannot save the checkpoint without claim {NS}/{ref[1]} ({ref[2]})")
     assert "No space left on device" in error
     assert "it stays prepared until an unprepare succeeds" in error
-    filler.unlink()  # space again: the kubelet's retry unprepares it (the hook again)
-    assert (await clients.unprepare(proc.dra_sock, [ref])).claims[ref[2]].error == ""
-    journal = (kdir / "state" / "journal").read_text().splitlines()
-    assert journal == [f"unprepare {ref[2]}"] * 2
     checkpoint = proc.path(proc.plugin_dir / "checkpoint.json").read_text()
     assert ref[2] not in checkpoint
     with contextlib.suppress(FileNotFoundError):

@@ -7,6 +7,7 @@ NVIDIA's capacities."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -136,11 +137,13 @@ def test_a_device_prepared_for_one_claim_is_refused_to_a_hand_written_second(
             {
                 "status": {
                     "allocation": {
+                        # as the scheduler writes it (it would add one: immutable then)
+                        "allocationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                         "devices": {
                             "results": [
                                 {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
                             ]
-                        }
+                        },
                     }
                 }
             },
