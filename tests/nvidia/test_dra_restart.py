@@ -8,6 +8,7 @@ their time slice, as GPUs do when a driver process goes).
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,9 @@ def _claim(api: Api, name: str, node: str, gpu: str, interval: str) -> tuple[str
         NAMESPACE,
         name,
         requests=["gpu"],
-        results=[result("gpu", DRIVER, node, gpu)],
+        # two claims on one GPU hold distinct shares of it (the kit refuses a device to a
+        # second claim otherwise)
+        results=[{**result("gpu", DRIVER, node, gpu), "shareID": str(uuid.uuid4())}],
         config=[
             {
                 "source": "FromClaim",

@@ -151,7 +151,7 @@ def _encode_claim(claim: PreparedClaim) -> dict[str, Any]:
             entry["data"] = dict(claim.data[i])
         edits = _at(claim.edits, i, None)
         if edits is not None:
-            entry["edits"] = edits
+            entry["edits"] = dict(edits)
         devices.append(entry)
     return {"namespace": claim.ref.namespace, "name": claim.ref.name, "devices": devices}
 
