@@ -1,4 +1,5 @@
-"""A DRA driver run as a real process by the tests (``python proc_driver.py --state DIR ...``).
+"""A DRA driver run as a real process by the tests (``python -m dra.proc_driver --state DIR``,
+from ``tests/``: run as a script, its directory would shadow the standard library).
 
 Its prepare hook leaves a side effect, ``<state>/effects/<claim UID>``, and then waits
 (inotify) until ``<state>/go`` exists, so a test can kill the process in the middle of it;
@@ -16,8 +17,6 @@ from pathlib import Path
 from asyncinotify import Inotify, Mask
 
 import kubedevice.dra as dra
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dra.fakes import DRIVER, gpus
 
 

@@ -23,7 +23,7 @@ from dra.fakes import DRIVER, wait_for_path
 
 pytestmark = pytest.mark.timeout(90)
 
-SCRIPT = Path(__file__).with_name("proc_driver.py")
+TESTS = Path(__file__).resolve().parents[1]
 NS = "default"
 
 
@@ -37,8 +37,8 @@ class Proc:
         self.plugin_dir = kdir / "plugins" / DRIVER
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         argv = [
-            sys.executable, str(SCRIPT), "--state", str(self.state), "--node-name", node,
-            "--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kdir),
+            sys.executable, "-m", "dra.proc_driver", "--state", str(self.state),
+            "--node-name", node, "--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kdir),
             "--cdi-dir", str(kdir / "cdi"), "--no-health",
         ]  # fmt: skip
         if mount_tmpfs:
@@ -46,7 +46,7 @@ class Proc:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh",
                     str(self.plugin_dir), *argv]  # fmt: skip
         self.log = (kdir / f"driver-{len(list(kdir.glob('driver-*')))}.log").open("w")
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=TESTS)
         self.root = Path(f"/proc/{self.process.pid}/root") if mount_tmpfs else Path("/")
 
     def path(self, path: Path) -> Path:

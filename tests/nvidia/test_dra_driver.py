@@ -21,6 +21,7 @@ from kubedevice.dra import (
     PreparedClaim,
 )
 from kubedevice.dra.rules import check_claim
+from kubedevice.dra.taints import TaintPolicy
 from kubedevice.nvidia.backend import EventKind, HealthEvent
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver
@@ -93,7 +94,7 @@ async def test_a_lost_gpu_turns_unhealthy_and_back(gpu_host: Any) -> None:
                 driver_name="gpu.kubedevice.io",
                 node_name="node-1",
                 devices=second,
-                taint_key="gpu.kubedevice.io/unhealthy",
+                taints=TaintPolicy("gpu.kubedevice.io"),
                 held=[],
             )
         host.nvml.set_lost(driver.gpu_devices[1].gpu.uuid, False)

@@ -7,9 +7,11 @@ answer the same claim the same way:
   devices in this node's pool is an error (the kubelet asked the wrong driver, or the
   allocation was written by hand): never a success with no device.
 * **Healthy devices only.** A device the driver reports ``Unhealthy`` or ``Unknown`` is
-  published tainted ``<driver>/unhealthy:NoSchedule``; a claim allocated to it (before it
-  went bad, or written by hand) is refused, unless its allocation result carries a
-  toleration of that taint (the user asked for the device as it is).
+  published with a taint keyed by its fault (:mod:`kubedevice.dra.taints`:
+  ``<driver>/xid=79``, ``<driver>/health-check=<group>``, ``<driver>/unhealthy``); a claim
+  allocated to it (before it went bad, or written by hand) is refused, unless its
+  allocation result carries a toleration of that taint (the user asked for the device as
+  it is).
 * **One device, one claim.** A device already prepared (or being prepared) for another
   claim on this node is refused, naming both claims and the device, unless one of the two
   has admin access to it or both hold distinct shares of it (``shareID``, consumable
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import AllocatedDevice, Claim, Device, Health, PreparedClaim
 from kubedevice.errors import ClaimError
 
@@ -34,7 +37,7 @@ def check_claim(
     driver_name: str,
     node_name: str,
     devices: Mapping[str, Device],
-    taint_key: str,
+    taints: TaintPolicy,
     held: Iterable[PreparedClaim],
 ) -> None:
     """Apply the rules above to ``claim`` (read from the API server, not yet prepared).
@@ -44,7 +47,7 @@ def check_claim(
         driver_name: This driver.
         node_name: This node (the pool).
         devices: The driver's current devices by name.
-        taint_key: The key of the taint on devices that are not healthy.
+        taints: The driver's taint policy (which taint a device that is not healthy has).
         held: The claims prepared, or being prepared, on this node (``claim`` may be one).
 
     Raises:
@@ -59,11 +62,16 @@ def check_claim(
         device = devices.get(allocated.name)
         if device is None or device.health == Health.HEALTHY:
             continue
-        value = str(device.health)
-        if not any(tolerates(t, taint_key, value) for t in allocated.tolerations):
+        for taint in taints.taints(device):
+            if any(tolerates(t, taint) for t in allocated.tolerations):
+                continue
+            value = f"={taint['value']}" if taint.get("value") else ""
+            fault = taints.fault_of(device)
+            why = f"{fault}; " if fault.message else ""
             raise ClaimError(
-                f"device {allocated.name} is {value} (tainted {taint_key}={value}:NoSchedule) "
-                f"and claim {claim.ref} does not tolerate it: not prepared"
+                f"device {allocated.name} is {device.health} ({why}tainted "
+                f"{taint['key']}{value}:{taint['effect']}) and claim {claim.ref} does not "
+                "tolerate it: not prepared"
             )
     for other in held:
         if other.ref.uid == claim.ref.uid:
@@ -89,11 +97,17 @@ def _check_shared(claim: Claim, allocated: AllocatedDevice, other: PreparedClaim
         )
 
 
-def tolerates(toleration: Mapping[str, Any], key: str, value: str) -> bool:
-    """Whether a device toleration (JSON) tolerates the ``NoSchedule`` taint ``key=value``."""
-    if toleration.get("effect") not in (None, "", "NoSchedule"):
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Whether a device toleration (JSON) tolerates a device taint (JSON), as the scheduler
+    matches them: the same effect (or none), and the key (``Exists``; no key: any) or key
+    and value (``Equal``, the default)."""
+    if toleration.get("effect") not in (None, "", taint.get("effect")):
         return False
     operator = toleration.get("operator") or "Equal"
     if operator == "Exists":
-        return toleration.get("key") in (None, "", key)
-    return operator == "Equal" and toleration.get("key") == key and toleration.get("value") == value
+        return toleration.get("key") in (None, "", taint.get("key"))
+    return (
+        operator == "Equal"
+        and toleration.get("key") == taint.get("key")
+        and (toleration.get("value") or "") == (taint.get("value") or "")
+    )

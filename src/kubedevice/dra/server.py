@@ -143,6 +143,7 @@ class DriverServer:
             checkpoint=self.checkpoint,
             cdi=self.cdi,
             devices=lambda: self._devices,
+            taints=TaintPolicy(s.driver_name, s.evict_on),
         )
         await self.claims.restore()
         if s.claim_status:

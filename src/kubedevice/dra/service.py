@@ -34,7 +34,7 @@ from kubedevice.dra.claims import claim_from_object
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.kube import KubeClient
 from kubedevice.dra.rules import check_claim
-from kubedevice.dra.slices import unhealthy_taint_key
+from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import (
     MAX_DEVICE_DATA_BYTES,
     Claim,
@@ -72,6 +72,7 @@ class ClaimService:
         checkpoint: The prepared-claim checkpoint, loaded.
         cdi: The CDI spec writer.
         devices: Returns the driver's current devices by name.
+        taints: The taints of devices that are not healthy (default: ``NoSchedule`` ones).
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class ClaimService:
         checkpoint: Checkpoint,
         cdi: CdiWriter,
         devices: Callable[[], Mapping[str, Device]],
+        taints: TaintPolicy | None = None,
     ) -> None:
         self.driver = driver
         self.driver_name = driver_name
@@ -92,6 +94,7 @@ class ClaimService:
         self.checkpoint = checkpoint
         self.cdi = cdi
         self.devices = devices
+        self.taints = taints or TaintPolicy(driver_name)
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
         self._save_lock = asyncio.Lock()
         self._changes = 0  # checkpoint changes made
@@ -242,7 +245,7 @@ class ClaimService:
             driver_name=self.driver_name,
             node_name=self.node_name,
             devices=self.devices(),
-            taint_key=unhealthy_taint_key(self.driver_name),
+            taints=self.taints,
             held=[*self.checkpoint.claims.values(), *self.checkpoint.preparing.values()],
         )
         started = PreparedClaim(
