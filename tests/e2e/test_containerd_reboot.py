@@ -155,11 +155,6 @@ def test_device_plugin_pod_runs_again_with_the_same_devices(rebooted: Reboot) ->
     assert after.env["E2E_PATHS"] == before.env["E2E_PATHS"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the DRA kit answers a re-prepare from its checkpoint with CDI names whose specs "
-    "the reboot removed (no spec rewrite: dra/service.py, checkpoint.py; branch wip/claims)",
-)
 def test_dra_pod_runs_again_with_the_same_gpu(rebooted: Reboot) -> None:
     before, after = rebooted.before["dra"], rebooted.after["dra"]
     gpus = [p for p in before.under("/dev/nvidia") if p[len("/dev/nvidia") :].isdigit()]
