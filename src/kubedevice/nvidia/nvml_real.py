@@ -338,18 +338,12 @@ class RealNvml(RealMigPartitioning):
                     p = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, profile)
                 except nv.NVMLError:
                     continue  # a profile this GPU does not have
-                if int(p.id) == int(info.profileId):
-                    return MigProfileInfo(
-                        multiprocessors=int(p.multiprocessorCount),
-                        copy_engines=int(p.copyEngineCount),
-                        decoders=int(p.decoderCount),
-                        encoders=int(p.encoderCount),
-                        jpeg_engines=int(p.jpegCount),
-                        ofa_engines=int(p.ofaCount),
-                        memory_mib=int(p.memorySizeMB),
-                        placement_start=int(info.placement.start),
-                        placement_size=int(info.placement.size),
-                    )
+                if int(p.id) == int(info.profileId):  # fields in MigProfileInfo's order
+                    fields = "multiprocessorCount copyEngineCount decoderCount encoderCount"
+                    fields += " jpegCount ofaCount memorySizeMB"
+                    where = (info.placement.start, info.placement.size)
+                    counts = (int(getattr(p, f)) for f in fields.split())
+                    return MigProfileInfo(*counts, *map(int, where))
         except (nv.NVMLError, AttributeError) as exc:
             log.debug("%s: no GPU instance profile info: %s", uuid, exc)
         return None
