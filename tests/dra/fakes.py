@@ -14,7 +14,9 @@ from kubedevice.dra.server import DriverServer
 DRIVER = "gpu.test.kubedevice.io"
 
 
-def gpus(count: int, *, unhealthy: Sequence[int] = ()) -> list[dra.Device]:
+def gpus(count: int, *, unhealthy: Sequence[int] = (), shared: bool = False) -> list[dra.Device]:
+    """Fake GPUs; ``shared``: each allows multiple allocations (memory 1Gi steps)."""
+    policy = dra.RequestPolicy(default="80Gi", min="1Gi", step="1Gi")
     return [
         dra.Device(
             name=f"gpu-{i}",
@@ -27,6 +29,8 @@ def gpus(count: int, *, unhealthy: Sequence[int] = ()) -> list[dra.Device]:
             },
             capacity={"memory": "80Gi"},
             health=dra.Health.UNHEALTHY if i in unhealthy else dra.Health.HEALTHY,
+            allow_multiple_allocations=shared,
+            request_policies={"memory": policy} if shared else {},
             edits=dra.ContainerEdits(
                 env={"FAKE_GPU": str(i)},
                 device_nodes=[dra.DeviceNode(f"/dev/fakegpu{i}", host_path="/dev/null")],

@@ -201,8 +201,8 @@ async def test_a_device_prepared_for_one_claim_is_refused_to_another(
         error = (await clients.prepare(_sock(kdir), [two])).claims[two[2]].error
     assert error == (
         f"device gpu-1 (pool {node_name}) is already prepared for claim {_label(one)}; "
-        f"claim {_label(two)} is allocated the same device without admin access or a "
-        "distinct share ID: not prepared"
+        f"claim {_label(two)} is allocated the same device without admin access (the "
+        "device does not allow multiple allocations): not prepared"
     )
     assert [c.ref.uid for c in driver.prepared] == [one[2]]
     assert not _spec(kdir, two[2]).exists()
@@ -229,15 +229,24 @@ async def test_two_claims_of_one_call_naming_one_device_get_it_once(
 
 
 @pytest.mark.parametrize(
-    ("first", "second", "allowed"),
+    ("first", "second", "shared", "allowed"),
     [
-        ({"adminAccess": True}, {}, True),
-        ({}, {"adminAccess": True}, True),
-        ({"shareID": str(uuid.UUID(int=1))}, {"shareID": str(uuid.UUID(int=2))}, True),
-        ({"shareID": str(uuid.UUID(int=1))}, {"shareID": str(uuid.UUID(int=1))}, False),
-        ({"shareID": str(uuid.UUID(int=1))}, {}, False),
+        ({"adminAccess": True}, {}, False, True),
+        ({}, {"adminAccess": True}, False, True),
+        ({"shareID": str(uuid.UUID(int=1))}, {"shareID": str(uuid.UUID(int=2))}, True, True),
+        ({"shareID": str(uuid.UUID(int=1))}, {"shareID": str(uuid.UUID(int=1))}, True, False),
+        ({"shareID": str(uuid.UUID(int=1))}, {}, True, False),
+        # shares of a device the driver does not publish as shareable: refused
+        ({"shareID": str(uuid.UUID(int=1))}, {"shareID": str(uuid.UUID(int=2))}, False, False),
     ],
-    ids=["admin-first", "admin-second", "two-shares", "same-share", "share-and-whole"],
+    ids=[
+        "admin-first",
+        "admin-second",
+        "two-shares",
+        "same-share",
+        "share-and-whole",
+        "two-shares-of-an-unshared-device",
+    ],
 )
 async def test_admin_access_or_distinct_shares_may_share_a_device(
     kdir: Path,
@@ -246,6 +255,7 @@ async def test_admin_access_or_distinct_shares_may_share_a_device(
     api: Api,
     first: dict[str, Any],
     second: dict[str, Any],
+    shared: bool,
     allowed: bool,
     admin_ns: str,
 ) -> None:
@@ -256,7 +266,7 @@ async def test_admin_access_or_distinct_shares_may_share_a_device(
         path = f"/apis/resource.k8s.io/v1/namespaces/{admin_ns}/resourceclaims/{ref[1]}"
         [got] = api.call("GET", path)["status"]["allocation"]["devices"]["results"]
         assert set(given) <= set(got), f"the API server dropped {sorted(given)}"
-    async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name):
+    async with server(FakeDriver(gpus(1, shared=shared)), kdir, kubeconfig, node_name):
         assert (await clients.prepare(_sock(kdir), [one])).claims[one[2]].error == ""
         error = (await clients.prepare(_sock(kdir), [two])).claims[two[2]].error
     assert (error == "") is allowed, error

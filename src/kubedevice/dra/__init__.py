@@ -51,6 +51,7 @@ from kubedevice.dra.types import (
     PreparedClaim,
     PreparedDevice,
     Quantity,
+    RequestPolicy,
     Version,
 )
 from kubedevice.errors import ClaimError, KubeApiError
@@ -79,6 +80,7 @@ __all__ = [
     "PreparedClaim",
     "PreparedDevice",
     "Quantity",
+    "RequestPolicy",
     "Version",
     "argument_parser",
     "cleanup",

@@ -2,7 +2,8 @@
 
 The spec's kind is ``k8s.<driver>/claim`` and each device of the claim is
 ``<claim UID>-<device name>`` in it, so the CDI ID the kubelet hands to the runtime is
-``k8s.<driver>/claim=<claim UID>-<device name>`` (a device allocated to two requests of
+``k8s.<driver>/claim=<claim UID>-<device name>``, or ``...-<device name>-<share ID>`` for
+a share of a device that allows multiple allocations (a device allocated to two requests of
 one claim with different edits gets ``<claim UID>-<device name>_<n>`` for the second: ``_``
 is in no device name, so the names stay unique). The file is
 ``<cdi dir>/k8s.<driver>-claim_<claim UID>.json``; nothing else in the directory is touched.

@@ -81,6 +81,11 @@ def claim_from_object(
             isinstance(t, Mapping) for t in tolerations
         ):
             raise ClaimError(f"{where}.tolerations is not a list of objects")
+        consumed = result.get("consumedCapacity") or {}
+        if not isinstance(consumed, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int) for k, v in consumed.items()
+        ):
+            raise ClaimError(f"{where}.consumedCapacity is not a map of quantities")
         out.append(
             AllocatedDevice(
                 request=request,
@@ -91,6 +96,7 @@ def claim_from_object(
                 admin_access=bool(result.get("adminAccess")),
                 share_id=None if share_id is None else str(share_id),
                 tolerations=tuple(tolerations),
+                consumed_capacity={k: str(v) for k, v in consumed.items()},
             )
         )
     return Claim(ref=ref, devices=tuple(out), configs=configs, resource_claim=obj)

@@ -15,8 +15,9 @@ answer the same claim the same way:
 * **One device, one claim.** A device already prepared (or being prepared) for another
   claim on this node is refused, naming both claims and the device, unless one of the two
   has admin access to it or both hold distinct shares of it (``shareID``, consumable
-  capacity). The prepared claims come from the checkpoint, so this holds across restarts
-  and between the claims of one call.
+  capacity) and the driver publishes it with ``allow_multiple_allocations``. The prepared
+  claims come from the checkpoint, so this holds across restarts and between the claims of
+  one call.
 """
 
 from __future__ import annotations
@@ -77,10 +78,13 @@ def check_claim(
         if other.ref.uid == claim.ref.uid:
             continue
         for allocated in claim.devices:
-            _check_shared(claim, allocated, other)
+            _check_shared(claim, allocated, other, devices.get(allocated.name))
 
 
-def _check_shared(claim: Claim, allocated: AllocatedDevice, other: PreparedClaim) -> None:
+def _check_shared(
+    claim: Claim, allocated: AllocatedDevice, other: PreparedClaim, device: Device | None
+) -> None:
+    shareable = device is not None and device.allow_multiple_allocations
     for i, (_request, pool, name) in enumerate(other.devices):
         if (pool, name) != (allocated.pool, allocated.name):
             continue
@@ -88,12 +92,17 @@ def _check_shared(claim: Claim, allocated: AllocatedDevice, other: PreparedClaim
         share = other.share_ids[i] if i < len(other.share_ids) else None
         if allocated.admin_access or admin:
             continue
-        if allocated.share_id is not None and share is not None and allocated.share_id != share:
+        distinct = allocated.share_id is not None and share is not None
+        if shareable and distinct and allocated.share_id != share:
             continue
+        why = (
+            "a distinct share ID"
+            if shareable
+            else "admin access (the device does not allow multiple allocations)"
+        )
         raise ClaimError(
             f"device {name} (pool {pool}) is already prepared for claim {other.ref}; "
-            f"claim {claim.ref} is allocated the same device without admin access or a "
-            "distinct share ID: not prepared"
+            f"claim {claim.ref} is allocated the same device without {why}: not prepared"
         )
 
 

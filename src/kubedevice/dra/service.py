@@ -305,6 +305,8 @@ class ClaimService:
                 cdi_ids.append(())
                 continue
             base = name = f"{ref.uid}-{item.device.name}"
+            if item.device.share_id is not None:  # each share its own CDI device
+                base = name = f"{base}-{item.device.share_id}"
             n = 0
             while used.setdefault(name, own) != own:
                 n += 1

@@ -71,8 +71,11 @@ SETTLE_S: Final = 2.0
 SETTLE_FOR_S: Final = 30.0
 
 
-def device_object(device: Device, taints: TaintPolicy | None = None) -> dict[str, Any]:
-    """``device`` as a ResourceSlice device (JSON); with ``taints``' taints if not healthy."""
+def device_object(
+    device: Device, taints: TaintPolicy | None = None, *, shared: bool = True
+) -> dict[str, Any]:
+    """``device`` as a ResourceSlice device (JSON); with ``taints``' taints if not healthy;
+    ``shared=False``: without ``allowMultipleAllocations`` and request policies."""
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
         out["attributes"] = {key: _attribute(v) for key, v in device.attributes.items()}
@@ -82,6 +85,10 @@ def device_object(device: Device, taints: TaintPolicy | None = None) -> dict[str
         }
     if device.consumes_counters:
         out["consumesCounters"] = counters.consumption_objects(device)
+    if shared and device.allow_multiple_allocations:
+        out["allowMultipleAllocations"] = True
+        for key, policy in device.request_policies.items():
+            out["capacity"][key]["requestPolicy"] = policy.to_json()
     if taints is not None and device.health != Health.HEALTHY:
         out["taints"] = taints.taints(device)
     return out
@@ -146,6 +153,19 @@ def _taints_dropped(sent: dict[str, Any], stored: dict[str, Any]) -> bool:
     return not wanted <= kept
 
 
+def _shares_dropped(sent: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether the API server stored ``sent`` without ``allowMultipleAllocations``."""
+    wanted = {
+        d["name"] for d in sent["spec"].get("devices") or [] if d.get("allowMultipleAllocations")
+    }
+    kept = {
+        d.get("name")
+        for d in stored.get("spec", {}).get("devices") or []
+        if d.get("allowMultipleAllocations")
+    }
+    return not wanted <= kept
+
+
 def _attribute(value: object) -> dict[str, Any]:
     if isinstance(value, bool):
         return {"bool": value}
@@ -202,6 +222,9 @@ class SlicePublisher:
         #: dropping them (see :mod:`kubedevice.dra.counters`); then devices go without.
         self.counters_supported = True
         self._counter_sets: tuple[CounterSet, ...] = ()
+        #: Devices that allow multiple allocations are published so until the API server is
+        #: seen dropping that (DRAConsumableCapacity off); then they are published unshared.
+        self.shares_supported = True
         self.generation = 0
         self.writes = 0  # slices created, replaced or deleted (for benchmarks and tests)
         self._devices: tuple[Device, ...] = ()
@@ -283,10 +306,13 @@ class SlicePublisher:
             await self.kube.list_slices(self.driver, self.node),
             key=lambda s: str(s["metadata"].get("name")),
         )
+        shared = self.shares_supported
         if self.taints_supported:
-            published = [device_object(d, self.taints) for d in devices]
+            published = [device_object(d, self.taints, shared=shared) for d in devices]
         else:
-            published = [device_object(d) for d in devices if d.health == Health.HEALTHY]
+            published = [
+                device_object(d, shared=shared) for d in devices if d.health == Health.HEALTHY
+            ]
         published = self._valid(published)
         sets = [counters.counter_set_object(c) for c in self._counter_sets]
         if not self.counters_supported:
@@ -312,7 +338,7 @@ class SlicePublisher:
             self.generation = generations[0]
             return
         self.generation = max([self.generation, *generations]) + 1
-        dropped = counters_gone = False
+        dropped = counters_gone = unshared = False
         for index, chunk in enumerate(chunks):
             current = existing[index] if index < len(existing) else None
             _keep_times(chunk.get("devices", []), existing)
@@ -326,10 +352,17 @@ class SlicePublisher:
             self.writes += 1
             dropped = dropped or _taints_dropped(body, stored)
             counters_gone = counters_gone or counters.counters_dropped(body, stored)
+            unshared = unshared or _shares_dropped(body, stored)
         for stale in existing[len(chunks) :]:
             version = stale["metadata"].get("resourceVersion")
             await self.kube.delete_slice(stale["metadata"]["name"], version)
             self.writes += 1
+        if unshared:
+            self.shares_supported = False
+            log.warning(
+                "the API server dropped allowMultipleAllocations (its DRAConsumableCapacity "
+                "feature gate is off?): shared devices are published unshared, one claim each"
+            )
         if counters_gone and self.counters_supported:
             self.counters_supported = False
             log.warning(
@@ -346,6 +379,7 @@ class SlicePublisher:
                 "is off?): devices that are not healthy are left out of the ResourceSlices "
                 "instead"
             )
+        if dropped or unshared:
             await self._reconcile_once(devices)
             return
         tainted = sum(1 for d in published if d.get("taints"))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
+from kubedevice.dra.capacity import RequestPolicy
 from kubedevice.errors import ConfigError
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "PreparedClaim",
     "PreparedDevice",
     "Quantity",
+    "RequestPolicy",
     "Version",
 ]
 
@@ -319,6 +321,12 @@ class Device:
             sets, one entry each) while allocated: partitions of one piece of hardware
             that exclude each other (see :meth:`Driver.counter_sets
             <kubedevice.dra.Driver.counter_sets>`).
+        allow_multiple_allocations: The scheduler may give the device to several claims
+            at once, each a share with its own share ID, adding up what the shares consume
+            of each capacity (consumable capacity; Kubernetes 1.34+, on by default 1.36).
+        request_policies: ``{capacity name: RequestPolicy}``: what one share may consume
+            of that capacity (:mod:`kubedevice.dra.capacity`); only with
+            ``allow_multiple_allocations``, checked against the API server's rules.
     """
 
     name: str
@@ -328,6 +336,8 @@ class Device:
     edits: ContainerEdits = field(default_factory=ContainerEdits)
     fault: Fault | None = None
     consumes_counters: Sequence[CounterConsumption] = ()
+    allow_multiple_allocations: bool = False
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _DNS_LABEL.match(self.name):
@@ -385,6 +395,28 @@ class Device:
                 raise ConfigError(f"device {self.name}: fault must be a Fault")
             if self.health == Health.HEALTHY:
                 raise ConfigError(f"device {self.name}: a Healthy device has no fault")
+        self._check_policies(capacity)
+
+    def _check_policies(self, capacity: Mapping[str, Quantity]) -> None:
+        object.__setattr__(
+            self, "allow_multiple_allocations", bool(self.allow_multiple_allocations)
+        )
+        policies = dict(self.request_policies)
+        if policies and not self.allow_multiple_allocations:
+            raise ConfigError(
+                f"device {self.name}: capacity {next(iter(policies))}: a requestPolicy needs "
+                "allow_multiple_allocations"
+            )
+        for key, policy in policies.items():
+            if key not in capacity:
+                raise ConfigError(
+                    f"device {self.name}: requestPolicy for capacity {key!r}, which the "
+                    "device does not have"
+                )
+            if not isinstance(policy, RequestPolicy):
+                raise ConfigError(f"device {self.name}: capacity {key}: not a RequestPolicy")
+            policy.check(self.name, key, str(capacity[key]))
+        object.__setattr__(self, "request_policies", MappingProxyType(policies))
 
 
 def _check_qualified_name(device: str, what: str, key: str) -> None:
@@ -444,6 +476,9 @@ class AllocatedDevice:
         share_id: The share of a device with consumable capacity, if any.
         tolerations: The device taints the allocation tolerates (JSON, as in the claim's
             allocation result).
+        consumed_capacity: What this share consumes of each capacity of a device that
+            allows multiple allocations (``{"memory": "20Gi"}``), as the scheduler wrote
+            it in the allocation (``consumedCapacity``); empty for a whole device.
     """
 
     request: str
@@ -454,6 +489,7 @@ class AllocatedDevice:
     admin_access: bool = False
     share_id: str | None = None
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    consumed_capacity: Mapping[str, str] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True)
