@@ -187,6 +187,12 @@ def run_command(
     help="Offer every MIG placement of MIG-mode GPUs; make MIG devices per claim "
     "(dra.migOnDemand).",
 )
+@click.option(
+    "--memory-shares",
+    is_flag=True,
+    help="Share whole GPUs by memory: claims ask for capacity.requests.memory "
+    "(sharing.memoryShares.enabled; accounted by the scheduler, not enforced).",
+)
 @PRINT_DEVICE_CLASSES
 @metrics_address_option()
 def dra_command(
@@ -206,6 +212,7 @@ def dra_command(
     driver_root: str | None,
     host_driver_root: str | None,
     mig_on_demand: bool,
+    memory_shares: bool,
     print_device_classes: bool,
     metrics_address: str | None,
 ) -> None:
@@ -232,6 +239,8 @@ def dra_command(
         )
         if mig_on_demand:
             config = replace(config, dra=replace(config.dra, mig_on_demand=True))
+        if memory_shares:
+            config = config.with_memory_shares()
         return config
 
     if cleanup and not print_device_classes:  # the driver's name, and where its specs are

@@ -237,11 +237,44 @@ class TimeSlicing(Model):
         return resource
 
 
+_MEMORY_STEP: Final = re.compile(r"^([1-9][0-9]{0,6})(Mi|Gi)$")
+
+
+def _memory_step(value: str) -> str:
+    if not _MEMORY_STEP.match(value):
+        raise ValueError(
+            f"must be a size in Mi or Gi, like 1Gi or 512Mi (got {describe_input(value)})"
+        )
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryShares(Model):
+    """The DRA driver only: whole GPUs shared by memory (consumable capacity).
+
+    Each GPU allows multiple allocations and a claim asks for some of its ``memory``
+    (``capacity.requests.memory``), rounded up to whole ``step``s; the scheduler never
+    gives out more than the GPU has. Accounted and advised (env), not enforced.
+    """
+
+    enabled: bool = False
+    #: The least a share is, and what it grows by.
+    step: Annotated[str, Check(_memory_step)] = "1Gi"
+
+    @property
+    def step_bytes(self) -> int:
+        """``step`` in bytes."""
+        match = _MEMORY_STEP.match(self.step)
+        assert match is not None  # checked when parsed
+        return int(match.group(1)) << (30 if match.group(2) == "Gi" else 20)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sharing(Model):
     """How GPUs are shared between containers."""
 
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    memory_shares: MemoryShares = field(default_factory=MemoryShares)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,6 +296,11 @@ class Config(Model):
     health: HealthConfig = field(default_factory=HealthConfig)
     sharing: Sharing = field(default_factory=Sharing)
     dra: DraConfig = field(default_factory=DraConfig)
+
+    def with_memory_shares(self) -> Config:
+        """A copy with ``sharing.memoryShares.enabled`` on (``--memory-shares``)."""
+        shares = replace(self.sharing.memory_shares, enabled=True)
+        return replace(self, sharing=replace(self.sharing, memory_shares=shares))
 
     def with_overrides(self, **flags: str | None) -> Config:
         """A copy with the given flags replaced (CLI options; ``None`` values are ignored).

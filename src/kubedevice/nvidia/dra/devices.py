@@ -16,7 +16,9 @@ selects the same GPUs once the driver name matches:
   (when sysfs tells) and ``nvlinkDomain``: GPUs with the
   same value are all directly NVLink-connected to each other (the largest such group a
   GPU belongs to, named by its lowest NVML index; absent without NVLink);
-* capacity ``memory`` (bytes); MIG devices also NVIDIA's ``multiprocessors``,
+* capacity ``memory`` (bytes); with ``sharing.memoryShares`` a whole GPU allows
+  multiple allocations and its ``memory`` has a request policy (:func:`memory_policy`);
+  MIG devices also NVIDIA's ``multiprocessors``,
   ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``, ``ofaEngines`` and
   ``memorySlice<i>`` (1 for each memory slice the GPU instance spans), from NVML's GPU
   instance profile info, where NVML gives it. A MIG device that would pass the API's 32
@@ -36,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from kubedevice.dra import ContainerEdits, Device, DeviceNode, Fault, Health, Version
+from kubedevice.dra import ContainerEdits, Device, DeviceNode, Fault, Health, RequestPolicy, Version
 from kubedevice.dra.types import MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
 from kubedevice.nvidia.backend import (
     DriverInfo,
@@ -63,6 +65,7 @@ __all__ = [
     "GpuDevice",
     "Partition",
     "build_devices",
+    "memory_policy",
     "mig_capacity",
     "nvlink_domains",
     "semver",
@@ -194,7 +197,7 @@ class GpuDevice:
         d = self.device
         if d.health == health and d.fault == fault:
             return d
-        return dataclasses.replace(d, health=health, fault=fault)
+        return dataclasses.replace(d, health=health, fault=fault)  # shares, policies kept
 
 
 def _label(text: str) -> str:
@@ -260,6 +263,30 @@ def _fit(attrs: dict[str, AttributeValue], capacity: Mapping[str, int]) -> None:
         attrs.pop(name, None)
 
 
+def binary_quantity(size: int) -> str:
+    """``size`` bytes as the API server writes it: ``80Gi``, ``512Mi``, ``1Ti`` or bytes."""
+    for shift, suffix in ((60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")):
+        if size and size % (1 << shift) == 0:
+            return f"{size >> shift}{suffix}"
+    return str(size)
+
+
+def memory_policy(memory: int, step: int) -> RequestPolicy | None:
+    """The request policy of a shared GPU's ``memory`` (``memory`` and ``step`` in bytes).
+
+    A share is at least one ``step`` and grows by whole steps, up to the most whole steps
+    the GPU holds. A claim that names no memory gets that most (the default), so it keeps
+    the GPU to itself as it would without shares. ``None`` for a GPU under two steps.
+    """
+    most = memory // step * step
+    if most < 2 * step:
+        return None
+    top = binary_quantity(most)
+    return RequestPolicy(
+        default=top, min=binary_quantity(step), max=top, step=binary_quantity(step)
+    )
+
+
 def _edits(unit: GpuUnit) -> ContainerEdits:
     return ContainerEdits(device_nodes=[DeviceNode(p, host_path=p) for p in unit.device_nodes])
 
@@ -314,11 +341,15 @@ def build_devices(
         if m is not None and m.profile_info is not None:
             capacity.update(mig_capacity(m.profile_info))
             _fit(attrs, capacity)
+        shares = config.sharing.memory_shares
+        policy = memory_policy(unit.memory, shares.step_bytes) if shares.enabled else None
         device = Device(
             name=name[:63].rstrip("-"),
             attributes=attrs,
             capacity=capacity,
             edits=_edits(unit),
+            allow_multiple_allocations=policy is not None and m is None,
+            request_policies={"memory": policy} if policy is not None and m is None else {},
         )
         out.append(GpuDevice(device=device, unit=unit, gpu=gpu, mig=m))
     return out

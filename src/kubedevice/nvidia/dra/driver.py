@@ -14,6 +14,12 @@ then applied (the time-slice interval, through the backend); the claim's CDI spe
 each device's own nodes (``/dev/nvidia<minor>``, MIG capability nodes), and once per
 claim the control nodes and the driver's files.
 
+Memory shares (``sharing.memoryShares``): a whole GPU allows multiple allocations and
+each claim is given a share of its ``memory``; the scheduler adds the shares up. The
+prepare tells the container its share in bytes, in ``KUBEDEVICE_GPU_MEMORY_LIMIT_<GPU
+UUID>`` (``-`` as ``_``) and, when the claim holds one share, ``KUBEDEVICE_GPU_MEMORY_LIMIT``
+too. Without MPS nothing enforces it: the workload is advised, the scheduler accounts.
+
 Time slices of claims that share a GPU: the level in force is the one the most recently
 prepared of them asked for. Unpreparing a claim leaves the GPU as if that claim had never
 been prepared: the level of the most recent remaining claim that set one, or ``Default``
@@ -44,7 +50,8 @@ from kubedevice.dra import (
     Mount,
     PreparedDevice,
 )
-from kubedevice.dra.types import Claim, PreparedClaim
+from kubedevice.dra.capacity import quantity_value
+from kubedevice.dra.types import AllocatedDevice, Claim, PreparedClaim
 from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.nvidia.backend import MigPartitioning, NvmlBackend, TimeSliceControl
 from kubedevice.nvidia.cdi import DriverFile, find_driver_files
@@ -58,13 +65,15 @@ from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.runner import Hardware, enumerate_hardware
 from kubedevice.nvidia.topology import build_topology
 
-__all__ = ["DEFAULT_DRIVER_NAME", "GpuDraDriver"]
+__all__ = ["DEFAULT_DRIVER_NAME", "MEMORY_LIMIT_ENV", "GpuDraDriver", "share_env"]
 
 log = logging.getLogger(__name__)
 
 #: The driver name ``kubedevice nvidia dra`` publishes under (``--driver-name`` changes it).
 DEFAULT_DRIVER_NAME: Final = "gpu.kubedevice.io"
 _CONTROL: Final = frozenset(f"/dev/{n}" for n in CONTROL_NODES)
+#: The env a memory share is told its size in (bytes); ``..._<GPU UUID>`` per GPU.
+MEMORY_LIMIT_ENV: Final = "KUBEDEVICE_GPU_MEMORY_LIMIT"
 
 
 class GpuDraDriver(Driver):
@@ -322,13 +331,18 @@ class GpuDraDriver(Driver):
                 log.info(
                     "time-slice level %d set on %s for claim %s", level, gd.gpu.uuid, claim.ref
                 )
+        shares = sum(1 for d in claim.devices if d.consumed_capacity.get("memory"))
         prepared = []
         for i, (allocated, (gd, _level), record, (mig, caps)) in enumerate(
             zip(claim.devices, plan, data, made, strict=True)
         ):
             if mig is not None:
                 record = {**record, "mig": mig.to_json()}
-            prepared.append(PreparedDevice(allocated, self._edits(gd, i == 0, caps), data=record))
+            edits = self._edits(gd, i == 0, caps)
+            env = share_env(allocated, gd.unit.uuid, alone=shares == 1)
+            if env:
+                edits = ContainerEdits(env, edits.device_nodes, edits.mounts)
+            prepared.append(PreparedDevice(allocated, edits, data=record))
         return prepared
 
     async def _make_mig_devices(
@@ -454,6 +468,29 @@ class GpuDraDriver(Driver):
                 )
             else:
                 log.info("time-slice level of %s back to %d", gpu_uuid, after)
+
+
+def share_env(allocated: AllocatedDevice, uuid: str, *, alone: bool) -> dict[str, str]:
+    """The env telling a container its memory share of GPU ``uuid`` (bytes), if a share.
+
+    Args:
+        allocated: The allocated device; a share has ``memory`` in its consumed capacity.
+        uuid: The GPU's (or MIG device's) UUID.
+        alone: The claim holds this one share: the plain variable is set too.
+    """
+    memory = allocated.consumed_capacity.get("memory")
+    if allocated.share_id is None or not memory:
+        return {}
+    try:
+        size = quantity_value(memory)
+    except ConfigError:
+        log.warning("share %s of %s: memory %r is no quantity", allocated.share_id, uuid, memory)
+        return {}
+    limit = str(-(-size.numerator // size.denominator))
+    env = {f"{MEMORY_LIMIT_ENV}_{uuid.replace('-', '_').upper()}": limit}
+    if alone:
+        env[MEMORY_LIMIT_ENV] = limit
+    return env
 
 
 def _in_force(by_claim: Mapping[str, tuple[int, int]]) -> int:
