@@ -63,7 +63,7 @@ BAD: list[tuple[str, Any, str]] = [
         "unknown-group-key",
         _res(cont=1),
         "c.yaml: resources[0].groups[0].cont: unknown key (allowed: annotations, cdiDevices, "
-        "count, envs, health, mounts, name, paths, perMatch, usb)",
+        "count, envs, health, mounts, name, paths, perMatch, shares, usb)",
     ),
     ("count-zero", _res(count=0), "c.yaml: resources[0].groups[0].count: must be >= 1 (got 0)"),
     (
@@ -253,7 +253,7 @@ BAD: list[tuple[str, Any, str]] = [
         "snake-case-key",
         _res(per_match=False),
         "c.yaml: resources[0].groups[0].per_match: unknown key (allowed: annotations, cdiDevices, "
-        "count, envs, health, mounts, name, paths, perMatch, usb)",
+        "count, envs, health, mounts, name, paths, perMatch, shares, usb)",
     ),
     (
         "dev-root-relative",

@@ -206,11 +206,19 @@ class GroupSpec(Model):
     annotations: dict[str, Annotated[str, _template(ENV_VARIABLES)]] = field(default_factory=dict)
     cdi_devices: list[Annotated[str, _template(CDI_VARIABLES)]] = field(default_factory=list)
     count: Annotated[int, Ge(1), Le(10000)] = 1
+    #: The DRA driver only: each device is one device allowing ``shares`` allocations
+    #: (claims, in any namespaces), counted by the scheduler (consumable capacity).
+    shares: Annotated[int, Ge(2), Le(10000)] | None = None
     health: HealthSpec | None = None
 
     def check(self) -> None:
         if bool(self.paths) == bool(self.usb):
             raise ValueError("needs exactly one of 'paths' or 'usb'")
+        if self.shares is not None and self.count > 1:
+            raise ValueError(
+                "shares: not with count > 1 (count makes replicas, shares lets one device "
+                "be allocated several times: choose one)"
+            )
         if self.paths and self.per_match and self.paths[0].optional:
             raise ValueError(
                 "paths[0].optional: must be false: with perMatch, paths[0] is the per-device path"

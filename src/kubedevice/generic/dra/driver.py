@@ -10,7 +10,11 @@ published in the node's ResourceSlices instead of advertised as an extended reso
   primary node's host path), ``replica`` (with ``count > 1``), ``numaNode``, and the
   standard ``resource.kubernetes.io/pciBusID`` / ``pcieRoot`` / ``numaNode`` where sysfs
   has them;
-* edits: the device's nodes, the group's mounts and envs (rendered for this device).
+* edits: the device's nodes, the group's mounts and envs (rendered for this device);
+* a group with ``shares: N``: each device allows multiple allocations, with a capacity
+  ``shares`` of N that each claim consumes 1 of by default (``capacity.requests.shares``
+  asks for more; a request policy of whole steps from 1), so the scheduler gives one
+  device to at most N claims, in any namespaces.
 
 Hot-plug: the device directories are watched with inotify (as in the device plugin) and
 every change yields a new device list, which the kit publishes.
@@ -35,7 +39,16 @@ import stat
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import ClassVar, Final
 
-from kubedevice.dra import ContainerEdits, Device, DeviceNode, Driver, Fault, Health, Mount
+from kubedevice.dra import (
+    ContainerEdits,
+    Device,
+    DeviceNode,
+    Driver,
+    Fault,
+    Health,
+    Mount,
+    RequestPolicy,
+)
 from kubedevice.dra.types import AttributeValue
 from kubedevice.generic.config import Config, GroupSpec, ResourceSpec, group_name
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
@@ -51,6 +64,7 @@ from kubedevice.plugin.pci import (
 
 __all__ = [
     "DEFAULT_DRIVER_NAME",
+    "SHARES_CAPACITY",
     "GenericDraDriver",
     "build_devices",
     "device_name",
@@ -191,9 +205,30 @@ def _devices_of(
         taken.add(name)
         more: dict[str, AttributeValue] = {"replica": replica} if group.count > 1 else {}
         out.append(
-            Device(name=name, attributes={**attrs, **more}, health=health, edits=edits, fault=fault)
+            Device(
+                name=name,
+                attributes={**attrs, **more},
+                health=health,
+                edits=edits,
+                fault=fault,
+                capacity=_share_capacity(group),
+                allow_multiple_allocations=group.shares is not None,
+                request_policies=_SHARE_POLICY if group.shares is not None else {},
+            )
         )
     return out
+
+
+#: The capacity a shared device has (``shares: N``), of which each claim consumes 1.
+SHARES_CAPACITY: Final = "shares"
+
+
+_SHARE_POLICY: Final = {SHARES_CAPACITY: RequestPolicy(default=1, min=1, step=1)}
+
+
+def _share_capacity(group: GroupSpec) -> dict[str, int]:
+    """The capacity of a device of ``group``: ``shares: N`` with ``shares``, else none."""
+    return {} if group.shares is None else {SHARES_CAPACITY: group.shares}
 
 
 def _fault(group: GroupSpec, index: int, result: CheckResult | None) -> Fault:
