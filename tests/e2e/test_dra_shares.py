@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from .cluster import Cluster, namespace
 from .dra import (
@@ -50,6 +52,15 @@ def _template(cluster: Cluster, ns: str, name: str, cls: str, **capacity: str) -
     create_template(
         cluster, ns, name, {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}
     )
+
+
+def _docs_manifests() -> dict[str, dict[str, Any]]:
+    """The manifests of docs/dra.md, "Sharing a device between claims", by kind."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
+    section = text[text.index("## Sharing a device between claims") :]
+    section = section[: section.index("\n## ", 1)]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    return {d["kind"]: d for d in yaml.safe_load_all(block) if d}
 
 
 def _share(cluster: Cluster, ns: str, pod: str) -> tuple[str, str, dict[str, str]]:
@@ -94,8 +105,14 @@ def test_four_20gi_shares_of_one_80gi_gpu_and_a_fifth_waits(
     )
     kubelet = cluster.kubelet
     assert kubelet is not None
-    with device_class(cluster, f'device.driver == "{GPU}"') as cls:
-        _template(cluster, ns, "quarter", cls, memory="20Gi")
+    docs = _docs_manifests()  # the DeviceClass and claim template of docs/dra.md
+    [selector] = docs["DeviceClass"]["spec"]["selectors"]
+    with device_class(cluster, selector["cel"]["expression"]) as cls:
+        template = docs["ResourceClaimTemplate"]
+        [req] = template["spec"]["spec"]["devices"]["requests"]
+        assert req["exactly"]["capacity"] == {"requests": {"memory": "20Gi"}}
+        req["exactly"]["deviceClassName"] = cls
+        create_template(cluster, ns, "quarter", template["spec"]["spec"])
         # two shares prepared, then the driver is killed (-9) and started again...
         for pod in ("p1", "p2"):
             cluster.create_pod(ns, claim_pod(pod, template="quarter"))
