@@ -114,18 +114,16 @@ def test_four_20gi_shares_of_one_80gi_gpu_and_a_fifth_waits(
         req["exactly"]["deviceClassName"] = cls
         create_template(cluster, ns, "quarter", template["spec"]["spec"])
         # two shares prepared, then the driver is killed (-9) and started again...
+        # one pod at a time: two created at once once left the second Unschedulable
+        # with 60Gi of 80Gi allocated, and the scheduler did not retry it within 150 s
         for pod in ("p1", "p2"):
-            cluster.create_pod(ns, claim_pod(pod, template="quarter"))
-        for pod in ("p1", "p2"):
-            cluster.wait_running(ns, pod, timeout=POD_TIMEOUT)
+            cluster.run_pod(ns, claim_pod(pod, template="quarter"), timeout=POD_TIMEOUT)
         assert len(drv.cdi_specs()) == 2
         drv.kill()
         drv.start()
         # ...and the next two are prepared by the new process beside the restored two
         for pod in ("p3", "p4"):
-            cluster.create_pod(ns, claim_pod(pod, template="quarter"))
-        for pod in ("p3", "p4"):
-            cluster.wait_running(ns, pod, timeout=POD_TIMEOUT)
+            cluster.run_pod(ns, claim_pod(pod, template="quarter"), timeout=POD_TIMEOUT)
         shares = {pod: _share(cluster, ns, pod) for pod in ("p1", "p2", "p3", "p4")}
         assert {s[0] for s in shares.values()} == {"gpu-0"}
         assert len({s[1] for s in shares.values()}) == 4  # four distinct share IDs
@@ -178,10 +176,8 @@ resources:
             for where in (ns, other):
                 _template(cluster, where, "port", cls)  # no amount: the default, 1
             placed = [(ns, "a"), (ns, "b"), (other, "c")]
-            for where, pod in placed:
-                cluster.create_pod(where, claim_pod(pod, template="port"))
-            for where, pod in placed:
-                cluster.wait_running(where, pod, timeout=POD_TIMEOUT)
+            for where, pod in placed:  # one at a time (see the GPU test)
+                cluster.run_pod(where, claim_pod(pod, template="port"), timeout=POD_TIMEOUT)
             shares = [_share(cluster, where, pod) for where, pod in placed]
             assert {s[0] for s in shares} == {name}
             assert len({s[1] for s in shares}) == 3
