@@ -163,10 +163,26 @@ async def test_each_share_is_told_its_memory_and_time_slices_are_per_share(
 
 def test_the_config_key_and_its_errors() -> None:
     config = parse_config(
-        {"version": "v1", "sharing": {"memoryShares": {"enabled": True, "step": "512Mi"}}}
+        {"version": "v1", "dra": {"memoryShares": {"enabled": True, "step": "512Mi"}}}
     )
-    assert config.sharing.memory_shares.enabled
-    assert config.sharing.memory_shares.step_bytes == 512 << 20
-    assert not parse_config({"version": "v1"}).sharing.memory_shares.enabled
-    with pytest.raises(ConfigError, match=r"gpu.yaml: sharing.memoryShares.step: must be a size"):
-        parse_config({"version": "v1", "sharing": {"memoryShares": {"step": "1G"}}}, "gpu.yaml")
+    assert config.dra.memory_shares.enabled
+    assert config.dra.memory_shares.step_bytes == 512 << 20
+    assert not parse_config({"version": "v1"}).dra.memory_shares.enabled
+    with pytest.raises(ConfigError, match=r"gpu.yaml: dra.memoryShares.step: must be a size"):
+        parse_config({"version": "v1", "dra": {"memoryShares": {"step": "1G"}}}, "gpu.yaml")
+
+
+async def test_with_mig_on_demand_a_partitioned_gpu_is_not_shared_by_memory(
+    gpu_host: Any,
+) -> None:
+    host = gpu_host("dgx-8gpu-mig")
+    config = _config(host)
+    config = dataclasses.replace(config, dra=dataclasses.replace(config.dra, mig_on_demand=True))
+    gen, devices = await _first(GpuDraDriver(config, host.nvml))
+    try:
+        # a whole GPU that consumes its partitions' counters is allocated whole, once
+        assert devices["gpu-0"].consumes_counters
+        assert not devices["gpu-0"].allow_multiple_allocations
+        assert not any(d.allow_multiple_allocations for d in devices.values())
+    finally:
+        await gen.aclose()

@@ -191,7 +191,7 @@ def run_command(
     "--memory-shares",
     is_flag=True,
     help="Share whole GPUs by memory: claims ask for capacity.requests.memory "
-    "(sharing.memoryShares.enabled; accounted by the scheduler, not enforced).",
+    "(dra.memoryShares.enabled; accounted by the scheduler, not enforced).",
 )
 @PRINT_DEVICE_CLASSES
 @metrics_address_option()

@@ -274,7 +274,6 @@ class Sharing(Model):
     """How GPUs are shared between containers."""
 
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
-    memory_shares: MemoryShares = field(default_factory=MemoryShares)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,6 +284,8 @@ class DraConfig(Model):
     #: MIG profile, all consuming the GPU's counters; a MIG device is made when a claim
     #: is prepared and destroyed when it is unprepared (``--mig-on-demand``).
     mig_on_demand: bool = False
+    #: Whole GPUs shared by memory (consumable capacity): see :class:`MemoryShares`.
+    memory_shares: MemoryShares = field(default_factory=MemoryShares)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,9 +299,9 @@ class Config(Model):
     dra: DraConfig = field(default_factory=DraConfig)
 
     def with_memory_shares(self) -> Config:
-        """A copy with ``sharing.memoryShares.enabled`` on (``--memory-shares``)."""
-        shares = replace(self.sharing.memory_shares, enabled=True)
-        return replace(self, sharing=replace(self.sharing, memory_shares=shares))
+        """A copy with ``dra.memoryShares.enabled`` on (``--memory-shares``)."""
+        shares = replace(self.dra.memory_shares, enabled=True)
+        return replace(self, dra=replace(self.dra, memory_shares=shares))
 
     def with_overrides(self, **flags: str | None) -> Config:
         """A copy with the given flags replaced (CLI options; ``None`` values are ignored).

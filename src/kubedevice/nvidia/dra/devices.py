@@ -16,7 +16,7 @@ selects the same GPUs once the driver name matches:
   (when sysfs tells) and ``nvlinkDomain``: GPUs with the
   same value are all directly NVLink-connected to each other (the largest such group a
   GPU belongs to, named by its lowest NVML index; absent without NVLink);
-* capacity ``memory`` (bytes); with ``sharing.memoryShares`` a whole GPU allows
+* capacity ``memory`` (bytes); with ``dra.memoryShares`` a whole GPU allows
   multiple allocations and its ``memory`` has a request policy (:func:`memory_policy`);
   MIG devices also NVIDIA's ``multiprocessors``,
   ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``, ``ofaEngines`` and
@@ -341,7 +341,7 @@ def build_devices(
         if m is not None and m.profile_info is not None:
             capacity.update(mig_capacity(m.profile_info))
             _fit(attrs, capacity)
-        shares = config.sharing.memory_shares
+        shares = config.dra.memory_shares
         policy = memory_policy(unit.memory, shares.step_bytes) if shares.enabled else None
         device = Device(
             name=name[:63].rstrip("-"),

@@ -14,7 +14,7 @@ then applied (the time-slice interval, through the backend); the claim's CDI spe
 each device's own nodes (``/dev/nvidia<minor>``, MIG capability nodes), and once per
 claim the control nodes and the driver's files.
 
-Memory shares (``sharing.memoryShares``): a whole GPU allows multiple allocations and
+Memory shares (``dra.memoryShares``): a whole GPU allows multiple allocations and
 each claim is given a share of its ``memory``; the scheduler adds the shares up. The
 prepare tells the container its share in bytes, in ``KUBEDEVICE_GPU_MEMORY_LIMIT_<GPU
 UUID>`` (``-`` as ``_``) and, when the claim holds one share, ``KUBEDEVICE_GPU_MEMORY_LIMIT``

@@ -136,7 +136,11 @@ def on_demand_devices(
         dataclasses.replace(
             whole,
             device=dataclasses.replace(
-                whole.device, consumes_counters=[CounterConsumption(name, total)]
+                whole.device,
+                consumes_counters=[CounterConsumption(name, total)],
+                # not shared by memory as well: its partitions are how it is divided
+                allow_multiple_allocations=False,
+                request_policies={},
             ),
         )
     ]
