@@ -21,6 +21,7 @@ _E = FieldDescriptor.TYPE_ENUM
 def test_all_is_complete() -> None:  # its order: ruff's RUF022
     public = {n for n in vars(dra) if not n.startswith("_")} - {
         "annotations",
+        "capacity",
         "cdi",
         "checkpoint",
         "claims",

@@ -46,7 +46,7 @@ def _claim(api: Api, name: str, node: str, gpu: str, interval: str) -> tuple[str
         name,
         requests=["gpu"],
         # two claims on one GPU hold distinct shares of it (the kit refuses a device to a
-        # second claim otherwise)
+        # second claim otherwise; the driver shares GPUs by memory, below)
         results=[{**result("gpu", DRIVER, node, gpu), "shareID": str(uuid.uuid4())}],
         config=[
             {
@@ -60,7 +60,8 @@ def _claim(api: Api, name: str, node: str, gpu: str, interval: str) -> tuple[str
 
 
 def _driver(host: Any) -> GpuDraDriver:
-    return GpuDraDriver(Config(version="v1").with_overrides(**host.overrides()), host.nvml)
+    config = Config(version="v1").with_overrides(**host.overrides()).with_memory_shares()
+    return GpuDraDriver(config, host.nvml)
 
 
 async def _call(kdir: Path, rpc: Any, ref: tuple[str, str, str]) -> None:
