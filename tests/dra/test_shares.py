@@ -302,3 +302,11 @@ def test_consumed_capacity_that_is_not_a_map_is_a_clear_claim_error() -> None:
     }
     with pytest.raises(ClaimError, match=r"results\[0\]\.consumedCapacity is not a map"):
         claim_from_object(ref, obj, driver_name=DRIVER, pool="n", devices={})
+
+
+def test_a_policy_is_written_as_the_api_server_writes_it_back() -> None:
+    policy = RequestPolicy(default="81920Mi", min="1024Mi", step="1024Mi")
+    assert policy.to_json() == {
+        "default": "80Gi",
+        "validRange": {"min": "1Gi", "step": "1Gi"},
+    }

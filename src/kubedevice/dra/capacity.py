@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
 
+from kubedevice.dra.quantity import canonical_quantity
 from kubedevice.errors import ConfigError
 
 __all__ = ["MAX_VALID_VALUES", "RequestPolicy", "quantity_value"]
@@ -197,17 +198,18 @@ class RequestPolicy:
                     )
 
     def to_json(self) -> dict[str, Any]:
-        """The policy as a ResourceSlice's ``capacity.<name>.requestPolicy`` (JSON)."""
+        """The policy as a ResourceSlice's ``capacity.<name>.requestPolicy`` (JSON), its
+        quantities in the API server's canonical form (what it writes back)."""
         out: dict[str, Any] = {}
         if self.default is not None:
-            out["default"] = str(self.default)
+            out["default"] = canonical_quantity(str(self.default))
         if self.valid_values:
-            out["validValues"] = [str(v) for v in self.valid_values]
+            out["validValues"] = [canonical_quantity(str(v)) for v in self.valid_values]
         if self.is_range:
             span: dict[str, str] = {}
             for name in ("min", "max", "step"):
                 value = getattr(self, name)
                 if value is not None:
-                    span[name] = str(value)
+                    span[name] = canonical_quantity(str(value))
             out["validRange"] = span
         return out
