@@ -55,7 +55,7 @@ def _share_claims(kube: KubeClient, node: str, count: int) -> list[v1.Claim]:
                 }
             },
         }
-        claim = kube._call("POST", base, body=body)
+        claim = kube.call("POST", base, body=body)
         result = {
             "request": "gpu",
             "driver": DRIVER,
@@ -65,7 +65,7 @@ def _share_claims(kube: KubeClient, node: str, count: int) -> list[v1.Claim]:
             "consumedCapacity": {"memory": "1Gi"},
         }
         claim["status"] = {"allocation": {"devices": {"results": [result]}}}
-        kube._call("PUT", f"{base}/{claim['metadata']['name']}/status", body=claim)
+        kube.call("PUT", f"{base}/{claim['metadata']['name']}/status", body=claim)
         meta = claim["metadata"]
         out.append(v1.Claim(namespace="default", name=meta["name"], uid=meta["uid"]))
     return out
@@ -142,11 +142,11 @@ def main() -> int:
     with api_server(args.kubeconfig) as kubeconfig:
         kube = KubeClient.connect(kubeconfig)
         node = f"bench-{uuid.uuid4().hex[:6]}"
-        kube._call("POST", "/api/v1/nodes", body={"metadata": {"name": node}})
+        kube.call("POST", "/api/v1/nodes", body={"metadata": {"name": node}})
         try:
             result = bench(kubeconfig, kube, node, args.calls)
         finally:
-            kube._call("DELETE", f"/api/v1/nodes/{node}")
+            kube.call("DELETE", f"/api/v1/nodes/{node}")
             kube.close()
     print(
         json.dumps(
