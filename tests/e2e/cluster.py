@@ -978,11 +978,20 @@ class Cluster:
         return self.wait_running(namespace, manifest["metadata"]["name"], timeout)
 
     def delete_pods(self, namespace: str, timeout: float = 60) -> None:
-        """Delete every pod of ``namespace`` and wait until they are gone.
+        """Delete every pod of ``namespace`` (and its DaemonSets, Deployments and ReplicaSets,
+        which would make them again) and wait until the pods are gone.
 
         Graceful (not forced), so each is gone only once the kubelet has stopped it and
         released its devices: the next test's pods find them free.
         """
+        # the controllers first: a DaemonSet or ReplicaSet left behind makes its pods again
+        apps = client.AppsV1Api(self.api)
+        for delete in (
+            apps.delete_collection_namespaced_daemon_set,
+            apps.delete_collection_namespaced_deployment,
+            apps.delete_collection_namespaced_replica_set,
+        ):
+            delete(namespace, propagation_policy="Orphan")
         self.core.delete_collection_namespaced_pod(namespace)
         deadline = time.monotonic() + timeout
         while True:
