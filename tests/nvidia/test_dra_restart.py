@@ -19,6 +19,9 @@ from dra.api import Api
 from dra.conftest import create_claim, result
 from dra.fakes import server
 
+from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.settings import CHECKPOINT_FILE
+from kubedevice.dra.types import PreparedClaim
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import DEFAULT_DRIVER_NAME, GpuDraDriver
 
@@ -103,3 +106,27 @@ async def test_after_a_restart_unpreparing_one_of_two_claims_leaves_the_others_l
     async with server(_driver(host), kdir, kubeconfig, node_name):  # and once more
         await _call(kdir, clients.unprepare, older)
         assert host.nvml.time_slice(uuid) == 0
+
+
+async def test_a_prepare_cut_short_gives_the_gpu_the_level_in_force_back(
+    gpu_host: Any, kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """A prepare whose hook set a time slice and never returned (the driver killed in it)
+    records nothing of it; the restarted driver's undo gives the GPU the level in force."""
+    host = gpu_host("dgx-8gpu")
+    ref = _claim(api, f"cut-{node_name}", node_name, "gpu-2", "Long")
+    first = _driver(host)
+    async with server(first, kdir, kubeconfig, node_name):
+        await _call(kdir, clients.prepare, ref)
+        uuid = {gd.device.name: gd.gpu.uuid for gd in first.gpu_devices}["gpu-2"]
+    assert host.nvml.time_slice(uuid) == 3
+    # what a kill -9 inside the hook leaves on disk: the claim "preparing", no data recorded
+    checkpoint = Checkpoint(kdir / "plugins" / DRIVER / CHECKPOINT_FILE, DRIVER)
+    checkpoint.load()
+    done = checkpoint.claims.pop(ref[2])
+    checkpoint.preparing[ref[2]] = PreparedClaim(
+        ref=done.ref, devices=done.devices, cdi_ids=tuple(() for _ in done.devices)
+    )
+    checkpoint.save()
+    async with server(_driver(host), kdir, kubeconfig, node_name):
+        assert host.nvml.time_slice(uuid) == 0  # undone at start, before serving

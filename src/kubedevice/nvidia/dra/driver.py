@@ -315,7 +315,8 @@ class GpuDraDriver(Driver):
         async with self._slice_lock:
             for gd, level in plan:
                 if level is None:
-                    data.append({})
+                    # a record even so: a device with none was never prepared to the end
+                    data.append({"gpu": gd.gpu.uuid})
                     continue
                 try:
                     await asyncio.to_thread(self._set_time_slice, gd.gpu.uuid, level)
@@ -405,6 +406,32 @@ class GpuDraDriver(Driver):
             raise ClaimError(f"cannot destroy the claim's MIG devices: {exc}") from None
         async with self._slice_lock:  # claims of an earlier run are known from restore()
             await self._release(claim.ref.uid)
+            if claim.devices and not any(claim.data):
+                await self._settle_unrecorded(claim)
+
+    async def _settle_unrecorded(self, claim: PreparedClaim) -> None:
+        """A prepare cut short (the driver killed, or the caller's deadline, in :meth:`prepare`)
+        recorded nothing (a finished one records each device): give each GPU of the claim
+        the time-slice level in force without it, whatever that prepare set (locked)."""
+        if self._opened is None and not self._by_name:
+            await asyncio.to_thread(self.open)
+        # before devices() runs (an undo at start), the GPUs are still in _opened
+        known = self._by_name or {gd.device.name: gd for gd in self._opened or ()}
+        uuids = sorted({gd.gpu.uuid for _, _, name in claim.devices if (gd := known.get(name))})
+        for uuid in uuids:
+            level = _in_force(self._slices.get(uuid, {}))
+            try:
+                await asyncio.to_thread(self._set_time_slice, uuid, level)
+            except NvmlError as exc:
+                log.warning(
+                    "claim %s: cannot set the time-slice interval of %s back to %d: %s",
+                    claim.ref, uuid, level, exc,
+                )  # fmt: skip
+            else:
+                log.info(
+                    "claim %s: its prepare was cut short; time-slice level of %s is %d",
+                    claim.ref, uuid, level,
+                )  # fmt: skip
 
     async def restore(self, claims: Sequence[PreparedClaim]) -> None:
         """Take back what the claims prepared before a restart set (from their ``data``)."""
@@ -439,7 +466,7 @@ class GpuDraDriver(Driver):
         """Record the time slices in ``claim``'s data that are not known yet."""
         levels = set(TIME_SLICE_LEVELS.values())
         for record in claim.data:
-            if not record:
+            if "timeSlice" not in record:  # none set (or a prepare cut short: no record)
                 continue
             gpu = record.get("gpu")
             level, order = _int(record.get("timeSlice")), _int(record.get("order"))
