@@ -116,10 +116,14 @@ def test_3g_2g_2g_fit_a_4g_stays_pending_and_instances_follow_the_pods(
         assert log_count(drv.log, PREPARED) == 3
         assert len(_instances(drv.nvml_state)) == 3
 
-        # the pods with the 2g devices go: their instances are destroyed, and the 4g runs
+        # the 4g pod that did not fit goes first, with its claim: had it stayed while the 2g
+        # devices were freed, the scheduler could allocate its claim as it is deleted (a
+        # claim then held by no pod, until the claim controller frees it)
+        delete_pod(cluster, ns, "p-d")
+        resource_api(cluster).delete_namespaced_resource_claim("d", ns)
+        # the pods with the 2g devices go: their instances are destroyed, and a 4g runs
         delete_pod(cluster, ns, "p-b")
         delete_pod(cluster, ns, "p-c")
-        cluster.core.delete_namespaced_pod("p-d", ns)
         _mig_claim(cluster, ns, "e", cls, "4g.40gb")
         run_claim_pod(cluster, ns, claim_pod("p-e", claim="e"))
         _wait_instances(
