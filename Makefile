@@ -11,6 +11,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
+# the image packer of the real runtime beside the checkout (tests/e2e/README.md)
+KUBEDEVICE_MKIMAGE ?= $(abspath ../shared/k8s/runtime/mkimage.py)
+export KUBEDEVICE_MKIMAGE
 
 .PHONY: setup setup-runtime demo test lint typecheck unit e2e image-tar image-warm image-wait proto bench fmt clean
 

@@ -1,7 +1,8 @@
 """Pods on the real runtime (containerd + runc) next to the fake one (kd-fakecri); prints JSON.
 
 On the end-to-end tier's cluster (real etcd, API server, scheduler, controller manager and
-kubelet), once with ``kd-fakecri`` and once with containerd 2.4 + runc (``../shared/k8s/runtime``):
+kubelet), once with ``kd-fakecri`` and once with containerd 2.4 + runc (the tier's real
+runtime, tests/e2e/README.md):
 
 * a pod asking for 1 GPU (the GPU device plugin, fake NVML) created -> Running (API create to
   the Running watch event; on containerd a busybox container really started);
@@ -173,6 +174,7 @@ def daemonset_to_node(bin_dir: Path, runtime_dir: Path, runs: int) -> dict[str, 
         subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "build_image.py"), "--out", str(tar),
              "--tag", "localhost/kubedevice:bench"], check=True, capture_output=True,
+            env={**os.environ, "KUBEDEVICE_MKIMAGE": str(runtime_dir / "mkimage.py")},
         )  # fmt: skip
         c.containerd.import_image(tar)
         apps = client.AppsV1Api(c.api)

@@ -247,15 +247,12 @@ def build(out: Path, tag: str, workdir: Path) -> Path:
 
 
 def mkimage() -> Path:
-    """``runtime/mkimage.py`` of ../shared/k8s (``$KUBEDEVICE_RUNTIME_DIR``)."""
-    env = os.environ.get("KUBEDEVICE_RUNTIME_DIR")
-    for d in ([Path(env)] if env else []) + [
-        ROOT.parent / "shared" / "k8s" / "runtime",
-        ROOT.parent.parent / "shared" / "k8s" / "runtime",
-    ]:
-        if (d / "mkimage.py").is_file():
-            return d / "mkimage.py"
-    raise PlanError("no runtime/mkimage.py: set KUBEDEVICE_RUNTIME_DIR (tests/e2e/README.md)")
+    """The image packer (``mkimage.py``: a root file system as a ``docker save`` tar), from
+    ``$KUBEDEVICE_MKIMAGE`` (``make image-tar`` and the tests set it)."""
+    env = os.environ.get("KUBEDEVICE_MKIMAGE")
+    if env and Path(env).is_file():
+        return Path(env)
+    raise PlanError("no image packer: set KUBEDEVICE_MKIMAGE to a mkimage.py (tests/e2e/README.md)")
 
 
 def _stage_source(dest: Path) -> None:

@@ -55,6 +55,7 @@ def image() -> str:
         [sys.executable, str(REPO / "scripts" / "build_image.py"), "--out", str(out),
          "--tag", f"{REPOSITORY}:{TAG}"],
         capture_output=True, text=True, check=False, timeout=540,
+        env={**os.environ, "KUBEDEVICE_MKIMAGE": str(c.containerd.scripts / "mkimage.py")},
     )  # fmt: skip
     if build.returncode != 0:
         pytest.fail(f"scripts/build-image failed:\n{build.stderr[-3000:]}", pytrace=False)
