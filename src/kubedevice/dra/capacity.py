@@ -18,57 +18,18 @@ written, rather than a refused ResourceSlice later. Quantities are compared exac
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
 
-from kubedevice.dra.quantity import canonical_quantity
+from kubedevice.dra.quantity import canonical_quantity, quantity_value
 from kubedevice.errors import ConfigError
 
 __all__ = ["MAX_VALID_VALUES", "RequestPolicy", "quantity_value"]
 
 #: resource.k8s.io/v1: at most this many ``validValues`` in one request policy.
 MAX_VALID_VALUES: Final = 10
-
-_NUMBER: Final = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(.*)$")
-_BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL: Final = {
-    "n": -9,
-    "u": -6,
-    "m": -3,
-    "": 0,
-    "k": 3,
-    "M": 6,
-    "G": 9,
-    "T": 12,
-    "P": 15,
-    "E": 18,
-}
-_EXPONENT: Final = re.compile(r"^[eE]([+-]?\d+)$")
-
-
-def quantity_value(text: str | int) -> Fraction:
-    """The exact value of a Kubernetes quantity (``"80Gi"``, ``"1.5k"``, ``"2e3"``, ``8``).
-
-    Raises:
-        ConfigError: ``text`` is not a quantity.
-    """
-    if isinstance(text, int) and not isinstance(text, bool):
-        return Fraction(text)
-    match = _NUMBER.match(str(text))
-    if match is None:
-        raise ConfigError(f"{text!r} is not a Kubernetes quantity (like 80Gi)")
-    number, suffix = Fraction(match.group(1)), match.group(2)
-    if suffix in _BINARY:
-        return number * Fraction(1 << _BINARY[suffix])
-    if suffix in _DECIMAL:
-        return number * Fraction(10) ** _DECIMAL[suffix]
-    exponent = _EXPONENT.match(suffix)
-    if exponent is None:
-        raise ConfigError(f"{text!r} is not a Kubernetes quantity (like 80Gi)")
-    return number * Fraction(10) ** int(exponent.group(1))
 
 
 def _whole(value: Fraction) -> int:

@@ -15,7 +15,7 @@ from typing import Final
 
 from kubedevice.errors import ConfigError
 
-__all__ = ["canonical_quantity"]
+__all__ = ["canonical_quantity", "quantity_value"]
 
 _PATTERN: Final = re.compile(
     r"^(?P<sign>[+-]?)(?P<int>\d*)(?:\.(?P<frac>\d*))?"
@@ -38,12 +38,8 @@ _DECIMAL_SUFFIX: Final = {exponent: suffix for suffix, exponent in _DECIMAL.item
 _BINARY_SUFFIX: Final = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
 
 
-def canonical_quantity(text: str) -> str:
-    """``text`` (a quantity) as the API server writes it back.
-
-    Raises:
-        ConfigError: ``text`` is not a quantity.
-    """
+def _parse(text: str) -> tuple[Fraction, str, bool]:
+    """``text``'s exact value, its kind of suffix (binary, decimal, exponent) and its sign."""
     match = _PATTERN.match(text.strip())
     if match is None or not (match["int"] or match["frac"]):
         raise ConfigError(f"{text!r} is not a Kubernetes quantity (like 80Gi)")
@@ -58,7 +54,28 @@ def canonical_quantity(text: str) -> str:
     else:
         value *= Fraction(10) ** _DECIMAL[match["dec"] or ""]
         kind = "decimal"
-    negative = match["sign"] == "-"
+    return value, kind, match["sign"] == "-"
+
+
+def quantity_value(text: str | int) -> Fraction:
+    """The exact value of a Kubernetes quantity (``"80Gi"``, ``"1.5k"``, ``"2e3"``, ``8``).
+
+    Raises:
+        ConfigError: ``text`` is not a quantity.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        return Fraction(text)
+    value, _, negative = _parse(str(text))
+    return -value if negative else value
+
+
+def canonical_quantity(text: str) -> str:
+    """``text`` (a quantity) as the API server writes it back.
+
+    Raises:
+        ConfigError: ``text`` is not a quantity.
+    """
+    value, kind, negative = _parse(text)
     # nano precision at most, rounded away from zero
     nanos = value * 10**9
     whole_nanos = -(-nanos.numerator // nanos.denominator)
