@@ -26,6 +26,7 @@ from .cluster import (
     tail,
     tail_since,
 )
+from .dra import GpuDra, release
 from .plugins import GenericDaemon, GpuDaemon
 from .runtime import HOW_TO_GET_RUNTIME, RUNTIMES, find_runtime, runtime_of
 
@@ -293,3 +294,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         text = tail_since(path, marks.get(path, 0))
         if text:  # a log this test wrote nothing to (an earlier test's daemon) is left out
             report.sections.append((f"{name} log (last lines since the test started)", text))
+
+
+@pytest.fixture
+def gpu_dra(cluster: Cluster, ns: str) -> Iterator[Callable[..., GpuDra]]:
+    """``gpu_dra(machine="dgx-8gpu", driver=..., config=...)`` -> a started GPU DRA driver."""
+    made: list[GpuDra] = []
+
+    def make(machine: str = "dgx-8gpu", **kwargs: Any) -> GpuDra:
+        d = GpuDra(cluster, machine, **kwargs)
+        made.append(d)
+        d.start()
+        return d
+
+    yield make
+    release(cluster, ns, list(made))
+    for d in made:
+        d.close()  # its slices stay; the next test's driver replaces them (same pool)

@@ -6,7 +6,7 @@ NVIDIA's capacities."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +22,6 @@ from .dra import (
     create_template,
     device_class,
     pod_claim,
-    release,
     request,
     resource_api,
     run_claim_pod,
@@ -35,22 +34,6 @@ pytestmark = pytest.mark.timeout(360)  # a DRA pod may wait for a pod resync (PO
 DRIVER = "gpu.kubedevice.io"
 IS_GPU = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
 CAP = f'device.capacity["{DRIVER}"]'
-
-
-@pytest.fixture
-def gpu_dra(cluster: Cluster, ns: str) -> Iterator[Callable[..., GpuDra]]:
-    made: list[GpuDra] = []
-
-    def make(machine: str = "dgx-8gpu", **kwargs: Any) -> GpuDra:
-        d = GpuDra(cluster, machine, **kwargs)
-        made.append(d)
-        d.start()
-        return d
-
-    yield make
-    release(cluster, ns, list(made))
-    for d in made:
-        d.close()
 
 
 def _cdi_ids(cluster: Cluster, ns: str, pod: str, container: str) -> list[str]:

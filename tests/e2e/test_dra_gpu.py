@@ -7,7 +7,7 @@ spec in the driver's CDI dir names the right /dev/nvidiaN.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from .dra import (
     docs_yaml,
     log_count,
     pod_claim,
-    release,
     request,
     run_claim_pod,
     share_one_claim,
@@ -42,23 +41,6 @@ pytestmark = pytest.mark.timeout(360)
 
 DRIVER = "gpu.kubedevice.io"
 IS_GPU = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
-
-
-@pytest.fixture
-def gpu_dra(cluster: Cluster, ns: str) -> Iterator[Callable[..., GpuDra]]:
-    """``gpu_dra(machine="dgx-8gpu", driver=..., config=...)`` -> a started GPU DRA driver."""
-    made: list[GpuDra] = []
-
-    def make(machine: str = "dgx-8gpu", **kwargs: Any) -> GpuDra:
-        d = GpuDra(cluster, machine, **kwargs)
-        made.append(d)
-        d.start()
-        return d
-
-    yield make
-    release(cluster, ns, list(made))
-    for d in made:
-        d.close()  # its slices stay; the next test's driver replaces them (same pool)
 
 
 def _cdi_ids(record: dict[str, Any]) -> list[str]:
