@@ -28,6 +28,19 @@ H200: dict[int, tuple[int, str, int, int, int, list[tuple[int, int]]]] = {
 }
 
 
+#: profile id -> (SMs, copy engines, decoders, encoders, JPEG): NVIDIA's MIG user guide's
+#: Hopper figures (not part of the H200 recording above).
+ENGINES: dict[int, tuple[int, int, int, int, int]] = {
+    19: (16, 1, 1, 0, 1),
+    20: (16, 1, 1, 0, 1),
+    15: (26, 1, 1, 0, 1),
+    14: (32, 2, 2, 0, 2),
+    9: (60, 3, 3, 0, 3),
+    5: (64, 4, 4, 0, 4),
+    0: (132, 8, 7, 0, 7),
+}
+
+
 class Placement(ctypes.Structure):
     _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
 
@@ -69,7 +82,19 @@ def add_mig(mod: types.ModuleType) -> None:
         if p not in H200:
             raise error(3)
         pid, name, slices, mem, ofa, _ = H200[p]
-        return _Obj(id=pid, name=name.encode(), sliceCount=slices, memorySizeMB=mem, ofaCount=ofa)
+        sms, copy, dec, enc, jpeg = ENGINES[pid]
+        return _Obj(
+            id=pid,
+            name=name.encode(),
+            sliceCount=slices,
+            memorySizeMB=mem,
+            ofaCount=ofa,
+            multiprocessorCount=sms,
+            copyEngineCount=copy,
+            decoderCount=dec,
+            encoderCount=enc,
+            jpegCount=jpeg,
+        )
 
     @setfn
     def nvmlDeviceGetGpuInstancePossiblePlacements(

@@ -147,15 +147,15 @@ def test_mig_devices_carry_nvidias_capacities_from_the_profile(gpu_host: Any) ->
 
 
 def test_a_whole_gpu_mig_device_fits_the_apis_32_attributes_and_capacities() -> None:
-    from kubedevice.nvidia.backend import MigProfileInfo
-    from kubedevice.nvidia.dra.devices import _fit, mig_capacity
+    from kubedevice.nvidia.backend import MigEngines
+    from kubedevice.nvidia.dra.devices import fit, mig_capacity
 
-    info = MigProfileInfo(132, 8, 7, 0, 7, 1, 143771, placement_start=0, placement_size=8)
-    capacity = {"memory": 1, **mig_capacity(info)}
+    engines = MigEngines(132, 8, 7, 0, 7, 1)
+    capacity = {"memory": 1, **mig_capacity(engines, range(8))}
     assert len(capacity) == 15
     attrs: dict[str, Any] = {f"a{i}": i for i in range(16)}
     attrs.update(migEnabled=True, nvlinkDomain=0, numaNode=0)
-    _fit(attrs, capacity)
+    fit(attrs, capacity)
     assert len(attrs) + len(capacity) == 32
     assert "migEnabled" not in attrs
     assert "nvlinkDomain" not in attrs

@@ -83,6 +83,36 @@ async def test_every_placement_of_every_profile_consumes_the_gpus_counters(gpu_h
     assert sorted(me.counters) == ["media-extensions", "memory-slice-2"]
 
 
+async def test_partitions_carry_nvidias_mig_capacities(gpu_host: Any) -> None:
+    """A selector written for NVIDIA's MIG devices (``multiprocessors``, engines,
+    ``memorySlice<i>``) must evaluate on a partition offered on demand, not be a CEL error."""
+    host = gpu_host("dgx-8gpu-mig")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen = driver.devices()
+    try:
+        devices = await _next(gen)
+    finally:
+        await gen.aclose()
+    three = {k: str(v) for k, v in devices["gpu-0-mig-3g-40gb-4"].capacity.items()}
+    assert three == {
+        "memory": str(40448 * 1024 * 1024),
+        "multiprocessors": "60",
+        "copyEngines": "3",
+        "decoders": "3",
+        "encoders": "0",
+        "jpegEngines": "3",
+        "ofaEngines": "0",
+        **{f"memorySlice{i}": "1" for i in range(4, 8)},
+    }
+    me = devices["gpu-0-mig-1g-10gb-me-2"].capacity
+    assert (str(me["ofaEngines"]), str(me["memorySlice2"])) == ("1", "1")
+    assert "memorySlice1" not in me
+    assert str(devices["gpu-0-mig-7g-80gb-0"].capacity["multiprocessors"]) == "132"
+    for device in devices.values():
+        assert len(device.attributes) + len(device.capacity) <= 32, device.name
+    assert "multiprocessors" not in devices["gpu-0"].capacity  # the whole GPU: memory only
+
+
 async def test_off_by_default_no_counters(gpu_host: Any) -> None:
     host = gpu_host("dgx-8gpu-mig")
     driver = GpuDraDriver(_config(host, on_demand=False), host.nvml)

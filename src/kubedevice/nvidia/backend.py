@@ -34,6 +34,7 @@ __all__ = [
     "HealthEvent",
     "Link",
     "MigDeviceInfo",
+    "MigEngines",
     "MigPartitioning",
     "MigPlacement",
     "MigProfileInfo",
@@ -107,9 +108,9 @@ class GpuInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class MigProfileInfo:
-    """What NVML says about a MIG device's GPU instance profile
-    (``nvmlGpuInstanceProfileInfo_t``) and where the instance sits in the GPU's memory."""
+class MigEngines:
+    """The engines and multiprocessors of one GPU instance profile
+    (``nvmlGpuInstanceProfileInfo_t``'s counts)."""
 
     multiprocessors: int  # multiprocessorCount
     copy_engines: int  # copyEngineCount
@@ -117,6 +118,14 @@ class MigProfileInfo:
     encoders: int  # encoderCount
     jpeg_engines: int  # jpegCount
     ofa_engines: int  # ofaCount
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfileInfo:
+    """What NVML says about a MIG device's GPU instance profile
+    (``nvmlGpuInstanceProfileInfo_t``) and where the instance sits in the GPU's memory."""
+
+    engines: MigEngines
     memory_mib: int  # memorySizeMB (MiB, as nvml.h documents it)
     placement_start: int  # the GPU instance's placement: its first memory slice
     placement_size: int  # and how many memory slices it spans
@@ -172,6 +181,7 @@ class GpuInstanceProfile:
         media_extensions: Whether it takes the GPU's one set of media extensions (OFA).
         compute_profile: The ``NVML_COMPUTE_INSTANCE_PROFILE_*`` of a compute instance
             that takes the whole GPU instance.
+        engines: Its engines and multiprocessors (``None``: the backend cannot tell).
     """
 
     id: int
@@ -181,6 +191,7 @@ class GpuInstanceProfile:
     placements: tuple[MigPlacement, ...]
     media_extensions: bool = False
     compute_profile: int = 0
+    engines: MigEngines | None = None
 
 
 @dataclass(frozen=True, slots=True)

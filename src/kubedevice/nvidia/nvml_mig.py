@@ -26,10 +26,11 @@ from kubedevice.nvidia.backend import (
     GpuInstance,
     GpuInstanceProfile,
     MigDeviceInfo,
+    MigEngines,
     MigPlacement,
 )
 
-__all__ = ["RealMigPartitioning"]
+__all__ = ["RealMigPartitioning", "engines_of"]
 
 _MAX_PLACEMENTS: Final = 32
 _MAX_INSTANCES: Final = 16
@@ -42,6 +43,18 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace").rstrip("\x00")
     return str(value)
+
+
+def engines_of(info: Any) -> MigEngines:
+    """The engine and multiprocessor counts of an ``nvmlGpuInstanceProfileInfo_t``."""
+    return MigEngines(
+        multiprocessors=int(info.multiprocessorCount),
+        copy_engines=int(info.copyEngineCount),
+        decoders=int(info.decoderCount),
+        encoders=int(info.encoderCount),
+        jpeg_engines=int(info.jpegCount),
+        ofa_engines=int(info.ofaCount),
+    )
 
 
 class RealMigPartitioning:
@@ -85,6 +98,7 @@ class RealMigPartitioning:
                     placements=self._placements(nv, h, gpu_uuid, int(info.id)),
                     media_extensions=int(getattr(info, "ofaCount", 0)) > 0,
                     compute_profile=_COMPUTE_PROFILE.get(slices, 0),
+                    engines=engines_of(info),
                 )
             )
         return out

@@ -50,7 +50,7 @@ from kubedevice.nvidia.backend import (
     P2PLevel,
     ProcessSample,
 )
-from kubedevice.nvidia.nvml_mig import RealMigPartitioning
+from kubedevice.nvidia.nvml_mig import RealMigPartitioning, engines_of
 
 __all__ = ["RealNvml", "mig_profile_name"]
 
@@ -338,12 +338,13 @@ class RealNvml(RealMigPartitioning):
                     p = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, profile)
                 except nv.NVMLError:
                     continue  # a profile this GPU does not have
-                if int(p.id) == int(info.profileId):  # fields in MigProfileInfo's order
-                    fields = "multiprocessorCount copyEngineCount decoderCount encoderCount"
-                    fields += " jpegCount ofaCount memorySizeMB"
-                    where = (info.placement.start, info.placement.size)
-                    counts = (int(getattr(p, f)) for f in fields.split())
-                    return MigProfileInfo(*counts, *map(int, where))
+                if int(p.id) == int(info.profileId):
+                    return MigProfileInfo(
+                        engines=engines_of(p),
+                        memory_mib=int(p.memorySizeMB),
+                        placement_start=int(info.placement.start),
+                        placement_size=int(info.placement.size),
+                    )
         except (nv.NVMLError, AttributeError) as exc:
             log.debug("%s: no GPU instance profile info: %s", uuid, exc)
         return None

@@ -45,8 +45,8 @@ from kubedevice.nvidia.backend import (
     GpuInfo,
     GpuInstanceProfile,
     MigDeviceInfo,
+    MigEngines,
     MigPlacement,
-    MigProfileInfo,
 )
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import GpuUnit, build_inventory
@@ -65,6 +65,7 @@ __all__ = [
     "GpuDevice",
     "Partition",
     "build_devices",
+    "fit",
     "memory_policy",
     "mig_capacity",
     "nvlink_domains",
@@ -232,19 +233,19 @@ def _common(gpu: GpuInfo, driver: DriverInfo | None, sys_root: str) -> dict[str,
     return attrs
 
 
-def mig_capacity(info: MigProfileInfo) -> dict[str, int]:
-    """A MIG device's capacities as NVIDIA's driver names them, from its GPU instance
-    profile: engines and multiprocessors, and ``memorySlice<i>: 1`` for each memory slice
-    the instance spans (``memory`` stays the device's own memory in bytes)."""
+def mig_capacity(engines: MigEngines, memory_slices: range) -> dict[str, int]:
+    """A MIG device's capacities as NVIDIA's driver names them: its GPU instance profile's
+    engines and multiprocessors, and ``memorySlice<i>: 1`` for each memory slice the
+    instance spans (``memory`` stays the device's own memory in bytes)."""
     out = {
-        "multiprocessors": info.multiprocessors,
-        "copyEngines": info.copy_engines,
-        "decoders": info.decoders,
-        "encoders": info.encoders,
-        "jpegEngines": info.jpeg_engines,
-        "ofaEngines": info.ofa_engines,
+        "multiprocessors": engines.multiprocessors,
+        "copyEngines": engines.copy_engines,
+        "decoders": engines.decoders,
+        "encoders": engines.encoders,
+        "jpegEngines": engines.jpeg_engines,
+        "ofaEngines": engines.ofa_engines,
     }
-    for i in range(info.placement_start, info.placement_start + info.placement_size):
+    for i in memory_slices:
         out[f"memorySlice{i}"] = 1
     return out
 
@@ -256,7 +257,8 @@ def mig_capacity(info: MigProfileInfo) -> dict[str, int]:
 _DROPPABLE: Final = ("migEnabled", "nvlinkDomain", "numaNode")
 
 
-def _fit(attrs: dict[str, AttributeValue], capacity: Mapping[str, int]) -> None:
+def fit(attrs: dict[str, AttributeValue], capacity: Mapping[str, int]) -> None:
+    """Drop our own droppable attributes until the device is within the API's limit."""
     for name in _DROPPABLE:
         if len(attrs) + len(capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES:
             return
@@ -338,9 +340,11 @@ def build_devices(
                 profile=m.profile,
             )
         capacity: dict[str, int] = {"memory": unit.memory}
-        if m is not None and m.profile_info is not None:
-            capacity.update(mig_capacity(m.profile_info))
-            _fit(attrs, capacity)
+        info = m.profile_info if m is not None else None
+        if info is not None:
+            where = range(info.placement_start, info.placement_start + info.placement_size)
+            capacity.update(mig_capacity(info.engines, where))
+            fit(attrs, capacity)
         shares = config.dra.memory_shares
         policy = memory_policy(unit.memory, shares.step_bytes) if shares.enabled else None
         device = Device(

@@ -11,8 +11,11 @@ backend can make (:class:`~kubedevice.nvidia.backend.MigPartitioning`) is publis
   half-GPU profiles from the top down, as the scheduler takes the first that fits),
   ``gpu-<minor>-mig-<profile>-<start>``
   (``gpu-0-mig-3g-40gb-4``), type ``mig``, with ``profile``, ``parentUUID``,
-  ``parentIndex``, ``placementStart`` and ``placementSize`` attributes, consuming the
-  memory slices of its placement (and the media extensions for ``+me`` and 7g profiles).
+  ``parentIndex``, ``placementStart`` and ``placementSize`` attributes, the capacities a
+  MIG device of that profile has (``memory``, and NVIDIA's ``multiprocessors``,
+  ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``, ``ofaEngines`` and
+  ``memorySlice<i>`` where the backend knows the profile's engines), consuming the memory
+  slices of its placement (and the media extensions for ``+me`` and 7g profiles).
 
 The scheduler alone then decides what fits: two devices that share a memory slice are
 never allocated together. Prepare makes the GPU instance at the device's placement and
@@ -38,7 +41,7 @@ from kubedevice.nvidia.backend import (
     NvmlBackend,
 )
 from kubedevice.nvidia.devices import GpuUnit
-from kubedevice.nvidia.dra.devices import GpuDevice, Partition
+from kubedevice.nvidia.dra.devices import GpuDevice, Partition, fit, mig_capacity
 
 __all__ = [
     "MEDIA_COUNTER",
@@ -163,10 +166,14 @@ def on_demand_devices(
                 "placementStart": placement.start,
                 "placementSize": placement.size,
             }
+            capacity = {"memory": profile.memory_mib * 1024 * 1024}
+            if profile.engines is not None:
+                capacity.update(mig_capacity(profile.engines, placement.memory_slices))
+                fit(attrs, capacity)
             device = Device(
                 name=device_name[:63].rstrip("-"),
                 attributes=attrs,
-                capacity={"memory": profile.memory_mib * 1024 * 1024},
+                capacity=capacity,
                 edits=whole.device.edits,
                 consumes_counters=[CounterConsumption(name, _counters(profile, placement))],
             )

@@ -13,9 +13,9 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from kubedevice.nvidia.backend import MigProfileInfo
+from kubedevice.nvidia.backend import MigEngines, MigProfileInfo
 
-__all__ = ["MEMORY_SLICES", "first_fit", "profile_info"]
+__all__ = ["MEMORY_SLICES", "engines", "first_fit", "profile_info"]
 
 #: Memory slices of a MIG-capable Hopper GPU.
 MEMORY_SLICES: Final = 8
@@ -32,6 +32,23 @@ _HOPPER: Final[dict[tuple[int, int], tuple[int, int, int, int, int, int]]] = {
 _PROFILE: Final = re.compile(r"^(?:\d+c\.)?(\d+)g\.\d+gb(\+me)?")
 
 
+def engines(slices: int, memory_slices: int, *, media: bool = False) -> MigEngines | None:
+    """The engines of a Hopper GPU instance of ``slices`` compute and ``memory_slices``
+    memory slices (``media``: a ``+me`` profile); ``None`` if Hopper has no such profile."""
+    counts = _HOPPER.get((slices, memory_slices))
+    if counts is None:
+        return None
+    sms, copy, dec, enc, jpeg, ofa = counts
+    return MigEngines(
+        multiprocessors=sms,
+        copy_engines=copy,
+        decoders=dec,
+        encoders=enc,
+        jpeg_engines=jpeg,
+        ofa_engines=1 if media else ofa,
+    )
+
+
 def profile_info(
     profile: str, memory_mib: int, parent_memory_mib: int, start: int
 ) -> MigProfileInfo | None:
@@ -41,20 +58,11 @@ def profile_info(
     if match is None:
         return None
     size = max(1, round(memory_mib * MEMORY_SLICES / parent_memory_mib))
-    engines = _HOPPER.get((int(match.group(1)), size))
-    if engines is None:
+    found = engines(int(match.group(1)), size, media=bool(match.group(2)))
+    if found is None:
         return None
-    sms, copy, dec, enc, jpeg, ofa = engines
     return MigProfileInfo(
-        multiprocessors=sms,
-        copy_engines=copy,
-        decoders=dec,
-        encoders=enc,
-        jpeg_engines=jpeg,
-        ofa_engines=1 if match.group(2) else ofa,
-        memory_mib=memory_mib,
-        placement_start=start,
-        placement_size=size,
+        engines=found, memory_mib=memory_mib, placement_start=start, placement_size=size
     )
 
 

@@ -39,6 +39,7 @@ from kubedevice.nvidia.backend import (
     MigDeviceInfo,
     MigPlacement,
 )
+from kubedevice.nvidia.fake.migprofiles import engines
 
 __all__ = ["CRASH_ENV", "STATE_ENV", "FakePartitions", "cap_minors", "profiles_for"]
 
@@ -69,18 +70,41 @@ _SEVEN = _p(
 )
 
 
+def _profile(
+    pid: int,
+    name: str,
+    slices: int,
+    memory_mib: int,
+    placements: tuple[MigPlacement, ...],
+    media: bool = False,
+    *,
+    compute_profile: int,
+) -> GpuInstanceProfile:
+    size = placements[0].size
+    return GpuInstanceProfile(
+        pid,
+        name,
+        slices,
+        memory_mib,
+        placements,
+        media,
+        compute_profile=compute_profile,
+        engines=engines(slices, size, media=media),
+    )
+
+
 def _table(
     one: int, two: int, four: int, full: int, gb: tuple[int, int, int, int]
 ) -> tuple[GpuInstanceProfile, ...]:
     g1, g2, g4, g7 = gb
     return (
-        GpuInstanceProfile(19, f"1g.{g1}gb", 1, one, _ONE, compute_profile=0),
-        GpuInstanceProfile(20, f"1g.{g1}gb+me", 1, one, _ONE, True, compute_profile=0),
-        GpuInstanceProfile(15, f"1g.{g2}gb", 1, two, _ONE_2X, compute_profile=0),
-        GpuInstanceProfile(14, f"2g.{g2}gb", 2, two, _TWO, compute_profile=1),
-        GpuInstanceProfile(9, f"3g.{g4}gb", 3, four, _THREE, compute_profile=2),
-        GpuInstanceProfile(5, f"4g.{g4}gb", 4, four, _FOUR, compute_profile=3),
-        GpuInstanceProfile(0, f"7g.{g7}gb", 7, full, _SEVEN, True, compute_profile=4),
+        _profile(19, f"1g.{g1}gb", 1, one, _ONE, compute_profile=0),
+        _profile(20, f"1g.{g1}gb+me", 1, one, _ONE, True, compute_profile=0),
+        _profile(15, f"1g.{g2}gb", 1, two, _ONE_2X, compute_profile=0),
+        _profile(14, f"2g.{g2}gb", 2, two, _TWO, compute_profile=1),
+        _profile(9, f"3g.{g4}gb", 3, four, _THREE, compute_profile=2),
+        _profile(5, f"4g.{g4}gb", 4, four, _FOUR, compute_profile=3),
+        _profile(0, f"7g.{g7}gb", 7, full, _SEVEN, True, compute_profile=4),
     )
 
 
