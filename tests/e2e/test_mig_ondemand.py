@@ -80,7 +80,10 @@ def _wait_instances(
 def _mig_claim(cluster: Cluster, ns: str, name: str, cls: str, profile: str) -> None:
     on_gpu0 = f'device.attributes["{DRIVER}"].parentIndex == 0'
     is_profile = f'device.attributes["{DRIVER}"].profile == "{profile}"'
-    create_claim(cluster, ns, name, claim_spec(request("mig", cls, 1, on_gpu0, is_profile)))
+    # a selector written for NVIDIA's MIG devices: a CEL error if the capacity were missing
+    has_sms = f'device.capacity["{DRIVER}"].multiprocessors.compareTo(quantity("16")) >= 0'
+    spec = claim_spec(request("mig", cls, 1, on_gpu0, is_profile, has_sms))
+    create_claim(cluster, ns, name, spec)
 
 
 def test_3g_2g_2g_fit_a_4g_stays_pending_and_instances_follow_the_pods(
