@@ -226,6 +226,37 @@ def test_a_mig_profile_and_a_time_sliced_gpu_in_one_pod(
         assert log_count(drv.log, "time-slice level 0 set on") == 1
 
 
+def test_a_mig_profile_made_on_demand_for_a_plain_limit(
+    cluster: Cluster, ns: str, drivers: list[DraDriver]
+) -> None:
+    """``nvidia.com/mig-3g.40gb: 1`` on a node whose GPUs have no MIG device yet: the class of
+    each profile the GPUs offer selects its placements, the scheduler picks one from the
+    counters, and the driver makes the instance when the kubelet prepares the claim."""
+    import json
+
+    config = "version: v1\nflags: {migStrategy: mixed}\ndra: {migOnDemand: true}\n"
+    drv = GpuDra(cluster, "dgx-8gpu-mig", config=config, name="mig-dra")
+    drivers.append(drv)
+    drv.start()
+    wait_slices(cluster, GPU_DRIVER, lambda n: len(n) == 8 * 26, "8 GPUs x 26 devices", 60)
+    classes = printed_classes(
+        "nvidia", "dra", "--config", str(drv.root / "gpu.yaml"), "--nvml", "fake:dgx-8gpu-mig"
+    )
+    three = "nvidia.com/mig-3g.40gb"
+    with created_classes(cluster, classes) as names:
+        assert three in names
+        no_device_plugin(cluster, *names)
+        run_claim_pod(cluster, ns, pod_manifest("p", {three: 1}))
+        mapping, claim = extended_claim(cluster, ns, "p")
+        assert mapping == {f"main/{three}": "container-0-request-0"}
+        [device] = results_by_request(claim)["container-0-request-0"]
+        assert "-mig-3g-40gb-" in device, device
+        made = json.loads(drv.nvml_state.read_text())["instances"]
+        assert [i["name"] for i in made] == ["3g.40gb"]
+        [nodes] = container_nodes(cluster, cluster.kubelet, drv, ns, "p", "main")  # type: ignore[arg-type]
+        assert any(n.startswith("/dev/nvidia-caps/") for n in nodes)
+
+
 def test_a_generic_resource_on_the_dev_dra_driver(
     cluster: Cluster, ns: str, drivers: list[DraDriver]
 ) -> None:

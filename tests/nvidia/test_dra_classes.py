@@ -151,3 +151,54 @@ def test_lossy_class_names_get_a_hash_so_they_stay_distinct() -> None:
     assert a.startswith("example.com-dev-a-")
     long = class_name("a" * 250 + ".io/x")
     assert len(long) <= 253
+
+
+async def test_mig_on_demand_gets_a_class_per_offered_profile_selecting_its_placements(
+    gpu_host: Any,
+) -> None:
+    """With MIG on demand a pod can ask ``nvidia.com/mig-3g.40gb: 1``: each profile the GPUs
+    offer has its class, selecting exactly that profile's placements (the ``+me`` profiles,
+    no valid resource names, have none)."""
+    import asyncio
+
+    from kubedevice.nvidia.dra import GpuDraDriver
+
+    host = gpu_host("dgx-8gpu-mig")
+    text = "version: v1\nflags: {migStrategy: mixed}\ndra: {migOnDemand: true}\n"
+    config = _config(host, text)
+    classes = device_classes(config, DRIVER, node_mig_profiles(config, host.nvml))
+    names = [c["spec"]["extendedResourceName"] for c in classes]
+    assert names == [
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-1g.20gb",
+        "nvidia.com/mig-2g.20gb",
+        "nvidia.com/mig-3g.40gb",
+        "nvidia.com/mig-4g.40gb",
+        "nvidia.com/mig-7g.80gb",
+    ]
+    driver = GpuDraDriver(config, host.nvml)
+    gen = driver.devices()
+    try:
+        devices = await asyncio.wait_for(anext(gen), 10)
+    finally:
+        await gen.aclose()
+    by_class = {
+        c["spec"]["extendedResourceName"]: sorted(
+            d.name
+            for d in devices
+            if matches(c["spec"]["selectors"][0]["cel"]["expression"], DRIVER, d)
+        )
+        for c in classes
+    }
+    assert by_class["nvidia.com/gpu"] == [f"gpu-{i}" for i in range(8)]
+    assert by_class["nvidia.com/mig-3g.40gb"] == sorted(
+        f"gpu-{i}-mig-3g-40gb-{s}" for i in range(8) for s in (0, 4)
+    )
+    assert len(by_class["nvidia.com/mig-1g.10gb"]) == 8 * 7  # not the +me placements
+
+
+def test_mig_on_demand_off_no_classes_for_profiles_not_made(gpu_host: Any) -> None:
+    host = gpu_host("dgx-8gpu-mig")
+    config = _config(host, "version: v1\nflags: {migStrategy: mixed}\n")
+    assert node_mig_profiles(config, host.nvml) == []

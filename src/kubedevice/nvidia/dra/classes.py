@@ -25,11 +25,14 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from kubedevice.dra.classes import device_class, opaque_config, selector
+from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import NvmlBackend
 from kubedevice.nvidia.config import GPU_RESOURCE, Config
 from kubedevice.nvidia.devices import advertised_names
 from kubedevice.nvidia.dra.config import API_VERSIONS
+from kubedevice.nvidia.dra.ondemand import partitionable
 from kubedevice.nvidia.runner import enumerate_hardware
+from kubedevice.plugin.config import validate_resource_name
 
 __all__ = ["device_classes", "node_mig_profiles"]
 
@@ -83,7 +86,10 @@ def node_mig_profiles(config: Config, backend: NvmlBackend) -> list[str]:
     """The MIG profiles of this node's MIG devices, as the classes need them (blocking).
 
     NVML is started only when ``migStrategy`` is not ``none`` (the profiles matter only
-    then), and shut down before returning.
+    then), and shut down before returning. With ``dra.migOnDemand`` the profiles every
+    partitionable GPU offers are added (those whose ``nvidia.com/mig-<profile>`` is a valid
+    resource name: not the ``+me`` ones), so a pod asking ``nvidia.com/mig-3g.40gb: 1``
+    gets a 3g made on demand.
 
     Raises:
         NvmlError: NVML cannot start (and ``failOnInitError`` is set).
@@ -92,6 +98,18 @@ def node_mig_profiles(config: Config, backend: NvmlBackend) -> list[str]:
         return []
     try:
         hw = enumerate_hardware(backend, fail_on_init_error=config.flags.fail_on_init_error)
+        profiles = [m.profile for g in hw.gpus if g.mig_enabled for m in hw.mig.get(g.uuid, ())]
+        if config.dra.mig_on_demand:
+            for offered in partitionable(backend, hw.gpus).values():
+                profiles.extend(p.name for p in offered if _is_resource(_MIG_PREFIX + p.name))
     finally:
         backend.shutdown()
-    return [m.profile for g in hw.gpus if g.mig_enabled for m in hw.mig.get(g.uuid, ())]
+    return profiles
+
+
+def _is_resource(name: str) -> bool:
+    try:
+        validate_resource_name(name)
+    except ConfigError:
+        return False
+    return True

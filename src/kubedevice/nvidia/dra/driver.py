@@ -167,10 +167,12 @@ class GpuDraDriver(Driver):
         }
         out: list[GpuDevice] = []
         self._counter_sets = []
-        for gd in devices:
-            uuid = gd.gpu.uuid
+        # In NVML order; a partitionable GPU's own devices (none under ``mixed``: it has no
+        # MIG device yet) give way to its on-demand ones.
+        for gpu in hw.gpus:
+            uuid = gpu.uuid
             if uuid not in parts:
-                out.append(gd)
+                out.extend(gd for gd in devices if gd.gpu.uuid == uuid)
             elif uuid in wholes:
                 counter_set, made = ondemand.on_demand_devices(wholes.pop(uuid), parts[uuid])
                 self._counter_sets.append(counter_set)
