@@ -223,3 +223,25 @@ async def test_a_failing_restore_hook_fails_the_start(
         async with server(_BadRestore(gpus(1)), kdir, kubeconfig, node_name):
             pass
     assert not (kdir / "plugins" / DRIVER / "dra.sock").exists()
+
+
+def test_reload_if_changed_reads_only_what_another_instance_wrote(tmp_path: Path) -> None:
+    """Two instances share the file: each reads it again only after the other replaced it."""
+    path = tmp_path / "checkpoint.json"
+    path.write_text(OLD_CHECKPOINT)
+    mine = Checkpoint(path, "gpu.test.kubedevice.io")
+    other = Checkpoint(path, "gpu.test.kubedevice.io")
+    mine.load()
+    other.load()
+    assert not mine.reload_if_changed()  # nothing changed: a stat, no read
+    mine.save()
+    assert not mine.reload_if_changed()  # its own write
+    assert other.reload_if_changed()  # the other's write
+    assert set(other.claims) == {"uid-old-1"}
+    del other.claims["uid-old-1"]
+    other.save()
+    assert mine.reload_if_changed()
+    assert mine.claims == {}
+    assert not mine.reload_if_changed()
+    path.unlink()
+    assert mine.reload_if_changed() and mine.claims == {}

@@ -17,6 +17,11 @@ symlink, a FIFO, a directory or anything else that is not a regular file) is mov
 ``<name>.corrupt-<time>`` with one warning line (:attr:`Checkpoint.set_aside` says where) and
 the driver starts empty, so a restarted driver can still unprepare what it prepared before
 whenever the file is sound.
+
+Two instances of a driver on one node (a rolling upgrade) share the file: each takes the
+node's claims lock around its work (:class:`kubedevice.dra.lock.ClaimsLock`) and calls
+:meth:`Checkpoint.reload_if_changed` under it, which reads the file again only when its
+identity (device, inode, mtime, size) differs from what this instance last read or wrote.
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ class Checkpoint:
         self.claims: dict[str, PreparedClaim] = {}
         self.preparing: dict[str, PreparedClaim] = {}
         self.set_aside: Path | None = None
+        self._seen: tuple[int, int, int, int] | None = None  # the file as last read/written
 
     def load(self) -> None:
         """Read the file (missing: empty; unreadable or not a regular file: moved aside, empty)."""
         self.claims, self.preparing, self.set_aside = {}, {}, None
+        self._seen = self._identity()
         try:
             raw = read_regular(self.path, _MAX_BYTES)
         except FileNotFoundError:
@@ -103,6 +110,25 @@ class Checkpoint:
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, json.dumps(document, indent=1, sort_keys=True), mode=0o600)
+        self._seen = self._identity()
+
+    def reload_if_changed(self) -> bool:
+        """Read the file again if another process replaced it since this one last read or
+        wrote it (a ``stat``, no read, when it did not); whether it was read.
+
+        Call it with the node's claims lock held, so that nobody writes it meanwhile.
+        """
+        if self._identity() == self._seen:
+            return False
+        self.load()
+        return True
+
+    def _identity(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _move_aside(self, why: str) -> None:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
