@@ -36,6 +36,7 @@ KUBEDEVICE = str(Path(sys.executable).parent / "kubedevice")
 FLAG_OF_ENV = {
     "DP_DEVICE_PLUGIN_DIR": "--device-plugin-dir",
     "NODE_NAME": "--node-name",
+    "POD_UID": "--pod-uid",
     "KUBECONFIG": "--kubeconfig",
     "KUBEDEVICE_NVML": "--nvml",
     "KUBEDEVICE_LOG_FORMAT": "--log-format",

@@ -29,6 +29,7 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "counters",
         "driver",
         "files",
+        "handover",
         "health",
         "kube",
         "metrics",

@@ -334,6 +334,7 @@ async def test_checkpoint_is_replaced_whole_never_written_in_place(
         assert set(json.loads(path.read_text())["claims"]) == {refs[0][2], refs[1][2]}
         assert sorted(os.listdir(plugin_dir)) == [
             "checkpoint.json",
+            "claims.lock",
             "dra.sock",
             "driver.lock",
         ]  # no temp

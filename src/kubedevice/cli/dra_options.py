@@ -103,6 +103,16 @@ def dra_options(default_driver_name: str, *, cdi_default: str) -> Callable[[F], 
                 "it. In a pod, set NODE_NAME from the downward API.",
             ),
             click.option(
+                "--pod-uid",
+                envvar="POD_UID",
+                show_envvar=True,
+                default=None,
+                show_default="none: fixed socket names, one instance per node",
+                help="This instance's pod UID: its sockets are named by it, so that a "
+                "DaemonSet can roll with maxSurge (two instances side by side). In a pod, "
+                "set POD_UID from the downward API (metadata.uid).",
+            ),
+            click.option(
                 "--kubelet-dir",
                 default="/var/lib/kubelet",
                 show_default=True,
@@ -166,6 +176,7 @@ def driver_options(
     evict_on: tuple[str, ...] = (),
     metrics_address: str | None = None,
     api_timeout: float = 30.0,
+    pod_uid: str | None = None,
 ) -> DriverOptions:
     """The :class:`~kubedevice.dra.DriverOptions` of the parsed options."""
     from kubedevice.dra import DriverOptions
@@ -180,6 +191,7 @@ def driver_options(
         evict_on=tuple(evict_on),
         metrics_address=metrics_address,
         api_timeout=api_timeout,
+        pod_uid=pod_uid,
     )
 
 

@@ -200,6 +200,7 @@ def dra_command(
     nvml: str,
     driver_name: str,
     node_name: str | None,
+    pod_uid: str | None,
     kubelet_dir: Path,
     cdi_dir: Path | None,
     kubeconfig: Path | None,
@@ -255,7 +256,7 @@ def dra_command(
                 return
         options = driver_options(
             driver_name, node_name, kubelet_dir, cdi, kubeconfig, no_health,
-            api_timeout=api_timeout,
+            api_timeout=api_timeout, pod_uid=pod_uid,
         )  # fmt: skip
         run_driver(cleanup_only_driver(driver_name), options, cleanup=True)
         return
@@ -298,6 +299,7 @@ def dra_command(
         tuple(config.health.evict_on) + tuple(evict_on),
         metrics_address,
         api_timeout,
+        pod_uid=pod_uid,
     )
     try:
         options.resolved(driver)  # a bad name or no node name: before NVML starts

@@ -86,6 +86,7 @@ def run_command(
     dra: bool,
     driver_name: str,
     node_name: str | None,
+    pod_uid: str | None,
     kubelet_dir: Path,
     cdi_dir: Path | None,
     kubeconfig: Path | None,
@@ -114,7 +115,7 @@ def run_command(
         if cleanup and not print_device_classes:  # the name only: the config may be gone
             options = driver_options(
                 driver_name, node_name, kubelet_dir, cdi_dir or Path(DEFAULT_CDI_DIR),
-                kubeconfig, no_health, api_timeout=api_timeout,
+                kubeconfig, no_health, api_timeout=api_timeout, pod_uid=pod_uid,
             )  # fmt: skip
             run_driver(cleanup_only_driver(driver_name), options, cleanup=True)
             return
@@ -145,6 +146,7 @@ def run_command(
             tuple(cfg.evict_on) + tuple(evict_on),
             metrics_address,
             api_timeout,
+            pod_uid=pod_uid,
         )
         run_driver(
             GenericDraDriver(cfg),

@@ -78,4 +78,11 @@ class Driver(abc.ABC):
         Called once at start, with every claim of the checkpoint (none on a first start),
         before :meth:`devices` and before any :meth:`prepare` or :meth:`unprepare`. If it
         raises, the driver does not start. The default does nothing.
+
+        With a pod UID (a DaemonSet rolling with ``maxSurge``), another instance of the
+        driver may prepare and unprepare claims on the node too: whenever it changed the
+        checkpoint, this hook is called again, between calls, with the whole new set of
+        prepared claims (take it as the truth: rebuild, do not merge). Every call runs
+        under the node's claims lock, so no other instance is inside a hook meanwhile:
+        what no claim of the set owns is an orphan.
         """

@@ -1,30 +1,49 @@
-"""One instance of a DRA driver per node: a lock file held (``flock(2)``) for the process life.
+"""The node's locks of a DRA driver (``flock(2)`` on files in its plugin dir).
 
-Two instances of one driver on a node (two Helm releases, or a DaemonSet rolling over)
-would take each other's sockets and overwrite each other's checkpoint. The first takes an
-exclusive lock on ``<plugin dir>/driver.lock`` and writes who it is into the file; a
-second one finds it held and refuses to start, naming the file and the holder. The lock
-goes with the process (exit, crash, SIGKILL: the kernel releases it; the file stays,
-harmless), and is not inherited by an ``exec``.
+:class:`InstanceLock` (``driver.lock``, for the process life): a driver run without a pod
+UID serves fixed socket names, so two such instances on a node would take each other's
+sockets. The first takes an exclusive lock and writes who it is into the file; a second
+finds it held and refuses to start, naming the file and the holder.
+
+:class:`ClaimsLock` (``claims.lock``, around each batch of claim work): instances run with a
+pod UID (a DaemonSet rolling with ``maxSurge``) serve sockets of their own and run side by
+side; the kubelet may call either. Every ``NodePrepareResources`` and
+``NodeUnprepareResources`` call, and the start-up restore, holds this lock from before it
+reads the checkpoint until its last checkpoint write is done (the prepare and unprepare
+hooks included). So nothing is ever half-prepared by a live instance while another holds
+the lock: a claim the checkpoint says is "preparing" when an instance takes the lock was
+cut short by an instance that died (or was stopped) in its hook, and is undone; MIG devices
+or time slices no checkpointed claim owns are orphans. Calls of one process share the lock
+(the first takes it, the last lets it go), so one instance keeps its own concurrency.
+
+Both locks go with the process (exit, crash, SIGKILL: the kernel releases them; the files
+stay, harmless), and neither is inherited by an ``exec``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
 from kubedevice.errors import InstanceLockError
 
-__all__ = ["LOCK_FILE", "InstanceLock"]
+__all__ = ["CLAIMS_LOCK_FILE", "LOCK_FILE", "ClaimsLock", "InstanceLock"]
+
+log = logging.getLogger(__name__)
 
 #: The lock file's name in the driver's plugin dir (``<kubelet dir>/plugins/<driver>/``).
 LOCK_FILE: Final = "driver.lock"
+#: The claims lock's file in the plugin dir, taken around each batch of claim work.
+CLAIMS_LOCK_FILE: Final = "claims.lock"
 
 
 class InstanceLock:
@@ -83,6 +102,82 @@ class InstanceLock:
 
     def release(self) -> None:
         """Release the lock (the file stays). Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class ClaimsLock:
+    """The node's claims lock, shared by the calls of this process (see the module's doc).
+
+    Args:
+        path: The lock file (created if missing, mode 0600).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._holders = 0
+        self._gate = asyncio.Lock()
+        #: Times the lock was found held by another process (it waited).
+        self.waits = 0
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, on_taken: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncIterator[None]:
+        """Hold the lock for the block; ``on_taken`` runs each time this process takes it
+        from the kernel (not when a call of this process already holds it).
+
+        Raises:
+            OSError: The lock file cannot be opened or locked.
+        """
+        async with self._gate:
+            if self._holders == 0:
+                self._fd = await self._take()
+                if on_taken is not None:
+                    try:
+                        await on_taken()
+                    except BaseException:
+                        self._let_go()
+                        raise
+            self._holders += 1
+        try:
+            yield
+        finally:
+            self._holders -= 1
+            if self._holders == 0:
+                self._let_go()
+
+    async def _take(self) -> int:
+        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.waits += 1
+            log.debug("waiting for %s (%s)", self.path, _describe(_read(fd)))
+            taking = asyncio.get_running_loop().run_in_executor(
+                None, fcntl.flock, fd, fcntl.LOCK_EX
+            )
+            try:
+                await asyncio.shield(taking)
+            except asyncio.CancelledError:
+                # the thread still waits: closing the fd once it is done lets the lock go
+                taking.add_done_callback(lambda _f: os.close(fd))
+                raise
+            except OSError:
+                os.close(fd)
+                raise
+        except OSError:
+            os.close(fd)
+            raise
+        with contextlib.suppress(OSError):  # who holds it is for the messages only
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps({"pid": os.getpid()}) + "\n").encode(), 0)
+        return fd
+
+    def _let_go(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)

@@ -16,6 +16,7 @@ __all__ = [
     "MAX_DRIVER_NAME_LENGTH",
     "check_driver_name",
     "check_node_name",
+    "check_pod_uid",
     "dra_socket_path",
     "registration_socket_path",
 ]
@@ -43,11 +44,26 @@ def check_node_name(name: str) -> None:
         raise ConfigError(f"node name {name!r} is not a DNS subdomain")
 
 
-def registration_socket_path(kubelet_dir: Path, driver_name: str) -> Path:
-    """``<kubelet dir>/plugins_registry/<driver>-reg.sock``: the kubelet's plugin watcher."""
-    return kubelet_dir / "plugins_registry" / f"{driver_name}-reg.sock"
+_POD_UID: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,62}[a-z0-9])?$")
 
 
-def dra_socket_path(kubelet_dir: Path, driver_name: str) -> Path:
-    """``<kubelet dir>/plugins/<driver>/dra.sock``: the DRA services' endpoint."""
-    return kubelet_dir / "plugins" / driver_name / "dra.sock"
+def check_pod_uid(uid: str) -> None:
+    """Raise :class:`ConfigError` unless ``uid`` can name a socket (a pod UID is a UUID)."""
+    if not _POD_UID.match(uid):
+        raise ConfigError(
+            f"pod UID {uid[:80]!r} must be lower-case letters, digits and '-' (at most 64), "
+            "like the UUID the downward API gives (fieldRef: metadata.uid)"
+        )
+
+
+def registration_socket_path(kubelet_dir: Path, driver_name: str, pod_uid: str = "") -> Path:
+    """``<kubelet dir>/plugins_registry/<driver>[-<pod UID>]-reg.sock``: the kubelet's
+    plugin watcher (with a pod UID, each instance of a DaemonSet rolling over its own)."""
+    suffix = f"-{pod_uid}" if pod_uid else ""
+    return kubelet_dir / "plugins_registry" / f"{driver_name}{suffix}-reg.sock"
+
+
+def dra_socket_path(kubelet_dir: Path, driver_name: str, pod_uid: str = "") -> Path:
+    """``<kubelet dir>/plugins/<driver>/dra[-<pod UID>].sock``: the DRA services' endpoint."""
+    suffix = f"-{pod_uid}" if pod_uid else ""
+    return kubelet_dir / "plugins" / driver_name / f"dra{suffix}.sock"

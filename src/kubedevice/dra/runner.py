@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_CDI_DIR",
     "DEFAULT_KUBELET_DIR",
     "ENV_NODE_NAME",
+    "ENV_POD_UID",
     "DriverOptions",
     "argument_parser",
     "cleanup",
@@ -51,6 +52,8 @@ DEFAULT_KUBELET_DIR: Final = Path("/var/lib/kubelet")
 DEFAULT_CDI_DIR: Final = Path("/var/run/cdi")
 #: The environment variable ``--node-name`` defaults to (set it from the downward API).
 ENV_NODE_NAME: Final = "NODE_NAME"
+#: The environment variable ``--pod-uid`` defaults to (set it from the downward API).
+ENV_POD_UID: Final = "POD_UID"
 #: The total time of one API call, retries included (``--api-timeout``).
 DEFAULT_API_TIMEOUT_S: Final = 30.0
 
@@ -77,6 +80,10 @@ class DriverOptions:
             prepared (:mod:`kubedevice.dra.status`).
         api_timeout: Seconds one API call may take in all, retries included (under the
             kubelet's 45 s for a claim, so a claim that cannot be read fails clearly first).
+        pod_uid: This instance's pod UID; ``None`` takes ``$POD_UID``, empty: none. With
+            one, the sockets are ``dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``, so a
+            DaemonSet can roll with ``maxSurge`` (two instances side by side, see
+            :mod:`kubedevice.dra.lock`); without, the fixed names and one instance per node.
     """
 
     driver_name: str | None = None
@@ -90,6 +97,7 @@ class DriverOptions:
     metrics_address: str | None = None
     claim_status: bool = True
     api_timeout: float = DEFAULT_API_TIMEOUT_S
+    pod_uid: str | None = None
 
     def resolved(self, driver: Driver) -> Settings:
         """These options with the driver name and node name filled in and checked.
@@ -97,7 +105,7 @@ class DriverOptions:
         Raises:
             ConfigError: No driver name or node name, or one the API would refuse.
         """
-        from kubedevice.dra.names import check_driver_name, check_node_name
+        from kubedevice.dra.names import check_driver_name, check_node_name, check_pod_uid
 
         driver_name = self.driver_name or driver.driver_name
         node_name = self.node_name or os.environ.get(ENV_NODE_NAME, "")
@@ -107,6 +115,9 @@ class DriverOptions:
             raise ConfigError(f"no node name: pass --node-name or set ${ENV_NODE_NAME}")
         check_driver_name(driver_name)
         check_node_name(node_name)
+        pod_uid = self.pod_uid if self.pod_uid is not None else os.environ.get(ENV_POD_UID, "")
+        if pod_uid:
+            check_pod_uid(pod_uid)
         if not 0 < self.api_timeout <= 300:
             raise ConfigError(f"API timeout {self.api_timeout} s: give 0 to 300 seconds")
         from kubedevice.dra.taints import parse_evict_on
@@ -128,6 +139,7 @@ class DriverOptions:
             metrics_address=self.metrics_address,
             claim_status=self.claim_status,
             api_timeout=float(self.api_timeout),
+            pod_uid=pod_uid,
         )
 
 
@@ -240,15 +252,17 @@ async def cleanup(driver: Driver, options: DriverOptions | None = None) -> int:
 def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The command-line parser :func:`main` uses, for authors to add their own options.
 
-    Flags: ``--driver-name``, ``--node-name`` (default ``$NODE_NAME``), ``--kubelet-dir``,
+    Flags: ``--driver-name``, ``--node-name`` (default ``$NODE_NAME``), ``--pod-uid``
+    (default ``$POD_UID``), ``--kubelet-dir``,
     ``--cdi-dir``, ``--kubeconfig`` (default ``$KUBECONFIG``, ``~/.kube/config``, in-cluster),
     ``--api-timeout``, ``--no-health``, ``--evict-on``, ``--metrics-address``, ``--cleanup``,
     ``--log-level``, ``--log-format``.
     """
     parser = argparse.ArgumentParser(
         description=description or "Run a Kubernetes DRA driver (kubelet plugin).",
-        epilog=f"Environment: {ENV_NODE_NAME}, {ENV_LOG_LEVEL} and {ENV_LOG_FORMAT} give the "
-        "defaults of --node-name, --log-level and --log-format.",
+        epilog=f"Environment: {ENV_NODE_NAME}, {ENV_POD_UID}, {ENV_LOG_LEVEL} and "
+        f"{ENV_LOG_FORMAT} give the defaults of --node-name, --pod-uid, --log-level and "
+        "--log-format.",
     )
     # the help texts read as the `kubedevice` command's (tests/test_cli_help.py)
     parser.add_argument(
@@ -265,6 +279,15 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="This node's name (also the pool's); a DRA driver cannot start without it. In a "
         f"pod, set {ENV_NODE_NAME} from the downward API.  "
         f"[env var: {ENV_NODE_NAME}; default: (none)]",
+    )
+    parser.add_argument(
+        "--pod-uid",
+        default=None,
+        metavar="TEXT",
+        help="This instance's pod UID: its sockets are named by it, so that a DaemonSet can "
+        f"roll with maxSurge (two instances side by side). In a pod, set {ENV_POD_UID} from "
+        "the downward API (metadata.uid).  "
+        f"[env var: {ENV_POD_UID}; default: (none: fixed socket names, one instance per node)]",
     )
     parser.add_argument(
         "--kubelet-dir",
@@ -347,6 +370,7 @@ def options_from_args(args: argparse.Namespace) -> DriverOptions:
     return DriverOptions(
         driver_name=args.driver_name,
         node_name=args.node_name,
+        pod_uid=getattr(args, "pod_uid", None),
         kubelet_dir=args.kubelet_dir,
         cdi_dir=args.cdi_dir,
         kubeconfig=args.kubeconfig,

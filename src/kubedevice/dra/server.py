@@ -1,18 +1,22 @@
 """DriverServer: one DRA driver's sockets, registration, devices, slices and health.
 
-Start-up order: the node's lock file (``plugins/<driver>/driver.lock``) is taken (a second
-instance of the driver refuses to start, naming the holder), the checkpoint is loaded and
-handed to the driver's ``restore`` hook, the first device list is awaited, the DRA socket
+Start-up order: without a pod UID, the node's lock file (``plugins/<driver>/driver.lock``) is
+taken (a second such instance refuses to start, naming the holder); with one, the sockets
+are named by it and instances run side by side (:mod:`kubedevice.dra.lock`). Under the
+node's claims lock the checkpoint is loaded and handed to the driver's ``restore`` hook;
+the first device list is awaited, the DRA socket
 serves (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, unless turned off,
 ``v1alpha1.DRAResourceHealth``), then the registration socket appears in the kubelet's
 ``plugins_registry/`` (the kubelet dials the DRA socket only after that). inotify on both
 directories puts a socket back within milliseconds when it is removed; the kubelet's
 re-registration (after its restart) republishes the slices. On stop the registration
-socket goes first, then the DRA socket; slices stay (a restarted driver adopts them; the
-kubelet removes them when the driver stays away). Devices that are not healthy are tainted
-by why (:mod:`kubedevice.dra.taints`); the prepared claims' ``status.devices`` say how
-their devices are (:mod:`kubedevice.dra.status`); with ``metrics_address`` set,
-``/metrics``, ``/healthz`` and ``/readyz`` are served (:mod:`kubedevice.dra.metrics`).
+socket goes first, then the DRA socket (only this instance's own sockets); slices stay (a
+restarted driver or the other instance of a rolling upgrade adopts them unchanged; the
+kubelet removes them when no instance of the driver stays registered). Devices that are
+not healthy are tainted by why (:mod:`kubedevice.dra.taints`); the prepared claims'
+``status.devices`` say how their devices are (:mod:`kubedevice.dra.status`); with
+``metrics_address`` set, ``/metrics``, ``/healthz`` and ``/readyz`` are served
+(:mod:`kubedevice.dra.metrics`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from kubedevice.dra.counters import check_counters
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.health import HealthService
 from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.lock import InstanceLock
+from kubedevice.dra.lock import ClaimsLock, InstanceLock
 from kubedevice.dra.observed import ObservedServicer
 from kubedevice.dra.registration import RegistrationService, supported_versions
 from kubedevice.dra.service import ClaimService, V1beta1Servicer, V1Servicer
@@ -79,7 +83,13 @@ class DriverServer:
         self._watchers: list[DirWatcher] = []
         self._repair = asyncio.Event()
         self._stopping = False
-        self.lock = InstanceLock(settings.lock, f"DRA driver {settings.driver_name}")
+        #: Held for the process life without a pod UID (fixed socket names); else ``None``.
+        self.lock = (
+            None
+            if settings.pod_uid
+            else InstanceLock(settings.lock, f"DRA driver {settings.driver_name}")
+        )
+        self.claims_lock = ClaimsLock(settings.claims_lock)
         self.checkpoint = Checkpoint(settings.checkpoint, settings.driver_name)
         self.cdi = CdiWriter(settings.cdi_dir, settings.driver_name)
         self.health = HealthService(settings.node_name)
@@ -122,19 +132,20 @@ class DriverServer:
         """Serve and register; returns once both sockets are up.
 
         Raises:
-            InstanceLockError: Another instance of the driver runs on this node.
+            InstanceLockError: Another instance of the driver without a pod UID runs on
+                this node.
             ConfigError: The API client cannot be configured.
             KubeDeviceError: The driver's ``restore`` hook failed, its device list failed
                 before its first snapshot, or a socket cannot be served.
         """
         s = self.settings
         self._failed = asyncio.get_running_loop().create_future()
-        self.lock.acquire()  # before the checkpoint is read or a socket touched
+        if self.lock is not None:
+            self.lock.acquire()  # before the checkpoint is read or a socket touched
         if self._kube is None:
             self._kube = await asyncio.to_thread(
                 KubeClient.connect, s.kubeconfig, deadline_s=s.api_timeout
             )
-        await asyncio.to_thread(self.checkpoint.load)
         self.claims = ClaimService(
             self.driver,
             driver_name=s.driver_name,
@@ -144,8 +155,12 @@ class DriverServer:
             cdi=self.cdi,
             devices=lambda: self._devices,
             taints=TaintPolicy(s.driver_name, s.evict_on),
+            claims_lock=self.claims_lock,
         )
-        await self.claims.restore()
+        try:
+            await self.claims.restore()  # loads the checkpoint, under the claims lock
+        except OSError as exc:
+            raise KubeDeviceError(f"cannot lock {self.claims_lock.path}: {exc}") from None
         if s.claim_status:
             self.status = ClaimStatusWriter(
                 self._kube, s.driver_name, s.node_name, self.checkpoint, lambda: self._devices
@@ -209,7 +224,8 @@ class DriverServer:
             self._kube.close()
             self._kube = None
         await unwatching
-        self.lock.release()
+        if self.lock is not None:
+            self.lock.release()
 
     async def wait_failed(self) -> BaseException | None:
         """Wait until a background job of the server fails; its error."""

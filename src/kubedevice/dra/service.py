@@ -7,6 +7,8 @@ and the checkpoint saved (with each device's ``data`` from the hook).
 ``NodeUnprepareResources``: the ``unprepare`` hook, the spec removed, the claim forgotten;
 an unknown claim is success. At start the checkpoint's claims go to the ``restore`` hook. A
 claim's failure goes in its own ``error``; the other claims of the call are unaffected.
+Each call and the start-up restore hold the node's claims lock (:mod:`kubedevice.dra.handover`):
+a claim prepared by another instance of the driver is answered and unprepared as its own.
 v1beta1 has the same messages (less ``Device.share_id``), so its requests are read as v1 and
 the answers re-encoded.
 """
@@ -32,7 +34,9 @@ from kubedevice.dra.cdi import CdiWriter, cdi_edits
 from kubedevice.dra.checkpoint import Checkpoint
 from kubedevice.dra.claims import claim_from_object
 from kubedevice.dra.driver import Driver
+from kubedevice.dra.handover import SharedClaims
 from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.lock import ClaimsLock
 from kubedevice.dra.rules import check_claim
 from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import (
@@ -73,6 +77,8 @@ class ClaimService:
         cdi: The CDI spec writer.
         devices: Returns the driver's current devices by name.
         taints: The taints of devices that are not healthy (default: ``NoSchedule`` ones).
+        claims_lock: The node's claims lock, shared with other instances of the driver
+            (``None``: this process is alone, nothing to serialise with).
     """
 
     def __init__(
@@ -86,6 +92,7 @@ class ClaimService:
         cdi: CdiWriter,
         devices: Callable[[], Mapping[str, Device]],
         taints: TaintPolicy | None = None,
+        claims_lock: ClaimsLock | None = None,
     ) -> None:
         self.driver = driver
         self.driver_name = driver_name
@@ -99,9 +106,14 @@ class ClaimService:
         self._save_lock = asyncio.Lock()
         self._changes = 0  # checkpoint changes made
         self._saved = 0  # of which saved
+        #: The node's claims lock around each call (:mod:`kubedevice.dra.handover`).
+        self.shared = SharedClaims(
+            claims_lock, checkpoint, lambda claims: _call_hook(driver.restore, claims)
+        )
 
     async def restore(self) -> None:
-        """Make the loaded checkpoint true again, before anything is served.
+        """Load the checkpoint and make it true again, before anything is served (under the
+        node's claims lock, when there is one).
 
         The prepared claims go to the driver's ``restore`` hook; a claim whose prepare was
         interrupted (the driver died in the hook) is undone (``unprepare`` hook, CDI spec
@@ -110,7 +122,14 @@ class ClaimService:
 
         Raises:
             KubeDeviceError: The ``restore`` hook failed.
+            OSError: The claims lock cannot be taken.
         """
+        async with self.shared.hold():
+            await asyncio.to_thread(self.checkpoint.load)
+            await self._restore_loaded()
+            self.shared.started = True
+
+    async def _restore_loaded(self) -> None:
         claims = list(self.checkpoint.claims.values())
         try:
             await _call_hook(self.driver.restore, claims)
@@ -156,7 +175,8 @@ class ClaimService:
                     claim.uid
                 ].error = f"{len(claims)} claims in one call; at most {MAX_CLAIMS_PER_CALL}"
             return response
-        answers = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        async with self.shared.hold():
+            answers = await asyncio.gather(*(self._prepare_one(c) for c in claims))
         for claim, answer in zip(claims, answers, strict=True):
             response.claims[claim.uid].CopyFrom(answer)
         return response
@@ -167,7 +187,8 @@ class ClaimService:
         """Answer ``NodeUnprepareResources``: one entry per claim UID of the request."""
         response = v1.NodeUnprepareResourcesResponse()
         claims = list(request.claims)
-        answers = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+        async with self.shared.hold():
+            answers = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
         for claim, error in zip(claims, answers, strict=True):
             response.claims[claim.uid].error = error
         return response

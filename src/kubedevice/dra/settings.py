@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubedevice.dra.lock import LOCK_FILE
+from kubedevice.dra.lock import CLAIMS_LOCK_FILE, LOCK_FILE
 from kubedevice.dra.names import dra_socket_path, registration_socket_path
 
 __all__ = ["CHECKPOINT_FILE", "Settings"]
@@ -37,6 +37,9 @@ class Settings:
     claim_status: bool = True
     #: The total time of one API call, retries included (:mod:`kubedevice.dra.kube`).
     api_timeout: float = 30.0
+    #: This instance's pod UID: its sockets are named by it, so that two instances run
+    #: side by side in a rolling upgrade (empty: the fixed names, one instance per node).
+    pod_uid: str = ""
 
     @property
     def plugin_dir(self) -> Path:
@@ -46,17 +49,22 @@ class Settings:
     @property
     def dra_socket(self) -> Path:
         """The DRA services' socket (the registration's endpoint)."""
-        return dra_socket_path(self.kubelet_dir, self.driver_name)
+        return dra_socket_path(self.kubelet_dir, self.driver_name, self.pod_uid)
 
     @property
     def registration_socket(self) -> Path:
         """The Registration service's socket in the kubelet's ``plugins_registry/``."""
-        return registration_socket_path(self.kubelet_dir, self.driver_name)
+        return registration_socket_path(self.kubelet_dir, self.driver_name, self.pod_uid)
 
     @property
     def lock(self) -> Path:
-        """The lock file one instance of the driver holds while it runs."""
+        """The lock file an instance without a pod UID holds while it runs."""
         return self.plugin_dir / LOCK_FILE
+
+    @property
+    def claims_lock(self) -> Path:
+        """The lock file held around each batch of claim work (every instance)."""
+        return self.plugin_dir / CLAIMS_LOCK_FILE
 
     @property
     def checkpoint(self) -> Path:

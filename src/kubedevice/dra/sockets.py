@@ -57,7 +57,7 @@ class UnixGrpcServer:
         await self.stop()
         path = self.path
         tmp = temp_path(path)
-        check_path_length(tmp, hint="use a shorter kubelet directory or driver name")
+        check_path_length(path, tmp, hint="use a shorter kubelet directory or driver name")
         try:
             path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             st = path.lstat()

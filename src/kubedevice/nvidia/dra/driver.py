@@ -436,8 +436,14 @@ class GpuDraDriver(Driver):
                 )  # fmt: skip
 
     async def restore(self, claims: Sequence[PreparedClaim]) -> None:
-        """Take back what the claims prepared before a restart set (from their ``data``)."""
+        """Take back what the claims prepared before a restart set (from their ``data``).
+
+        Also called with the whole new set when another instance of the driver on the node
+        (a rolling upgrade) changed the checkpoint: the claims are the truth, the time
+        slices known are rebuilt from them alone.
+        """
         async with self._slice_lock:
+            self._slices = {}
             for claim in claims:
                 self._remember(claim)
         if self._slices:

@@ -1,0 +1,143 @@
+"""Two instances of one driver on a node (a DaemonSet rolling with maxSurge): sockets named
+by the pod UID, claim work serialised by the node's claims lock, the checkpoint shared."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+import kubedevice.dra as dra
+from dra import clients
+from dra.api import Api
+from dra.conftest import create_claim, result
+from dra.fakes import DRIVER, FakeDriver, gpus, server
+from kubedevice.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+
+NAMESPACE = "default"
+UID_A = "0a0a0a0a-1111-4222-8333-444444444444"
+UID_B = "0b0b0b0b-1111-4222-8333-444444444444"
+
+
+class _Recording(FakeDriver):
+    """Records what ``restore`` got; its prepare hook can be held at a gate."""
+
+    def __init__(self, devices: Sequence[dra.Device]) -> None:
+        super().__init__(devices)
+        self.restored: list[list[str]] = []
+        self.gate: asyncio.Event | None = None
+        self.in_hook = asyncio.Event()
+
+    async def prepare(self, claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
+        self.in_hook.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        done = await super().prepare(claim)
+        return [dra.PreparedDevice(p.device, p.edits, {"by": "hook"}) for p in done]
+
+    async def restore(self, claims: Sequence[dra.PreparedClaim]) -> None:
+        self.restored.append(sorted(c.ref.uid for c in claims))
+
+
+def _claim(api: Api, name: str, node: str, device: str) -> tuple[str, str, str]:
+    claim = create_claim(api, NAMESPACE, name, results=[result("gpu", DRIVER, node, device)])
+    return (NAMESPACE, claim["metadata"]["name"], claim["metadata"]["uid"])
+
+
+def test_sockets_are_named_by_the_pod_uid(kdir: Path) -> None:
+    named = dra.DriverOptions(node_name="n1", kubelet_dir=kdir, pod_uid=UID_A)
+    settings = named.resolved(FakeDriver(()))
+    assert settings.dra_socket == kdir / "plugins" / DRIVER / f"dra-{UID_A}.sock"
+    assert settings.registration_socket == (
+        kdir / "plugins_registry" / f"{DRIVER}-{UID_A}-reg.sock"
+    )
+    fixed = dra.DriverOptions(node_name="n1", kubelet_dir=kdir, pod_uid="").resolved(FakeDriver(()))
+    assert fixed.dra_socket.name == "dra.sock"
+    assert fixed.registration_socket.name == f"{DRIVER}-reg.sock"
+    with pytest.raises(ConfigError, match="pod UID '../x'"):
+        dra.DriverOptions(node_name="n1", pod_uid="../x").resolved(FakeDriver(()))
+
+
+def test_the_pod_uid_comes_from_the_environment(
+    kdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(dra.ENV_POD_UID, UID_B)
+    settings = dra.DriverOptions(node_name="n1", kubelet_dir=kdir).resolved(FakeDriver(()))
+    assert settings.dra_socket.name == f"dra-{UID_B}.sock"
+
+
+async def test_two_instances_serve_side_by_side_and_share_the_claims(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    ref = _claim(api, f"up-{node_name}", node_name, "gpu-0")
+    uid = ref[2]
+    a_driver, b_driver = _Recording(gpus(2)), _Recording(gpus(2))
+    a = server(a_driver, kdir, kubeconfig, node_name, pod_uid=UID_A)
+    b = server(b_driver, kdir, kubeconfig, node_name, pod_uid=UID_B)
+    async with a:
+        await a.wait_published()
+        assert (await clients.prepare(a.settings.dra_socket, [ref])).claims[uid].error == ""
+        async with b:  # no lock refused: it starts beside a
+            await b.wait_published()
+            assert b.publisher is not None
+            assert b.publisher.writes == 0  # a's slices adopted unchanged: no write
+            assert b_driver.restored == [[uid]]  # a's claim, from the shared checkpoint
+            # b answers a's claim from the checkpoint (its own hook is not called) ...
+            answer = (await clients.prepare(b.settings.dra_socket, [ref])).claims[uid]
+            assert answer.error == ""
+            assert [d.device_name for d in answer.devices] == ["gpu-0"]
+            assert b_driver.prepared == []
+            # ... and unprepares it, with what a's hook recorded
+            assert (await clients.unprepare(b.settings.dra_socket, [ref])).claims[uid].error == ""
+            (gone,) = b_driver.unprepared
+            assert [dict(d) for d in gone.data] == [{"by": "hook"}]
+            assert list((kdir / "cdi").glob(f"*{uid}*")) == []
+            # a sees that the claim is gone: an unprepare through it is a no-op
+            assert (await clients.unprepare(a.settings.dra_socket, [ref])).claims[uid].error == ""
+            assert a_driver.unprepared == []
+            assert a.claims is not None
+            assert a.claims.shared.catch_ups == 1
+            assert a_driver.restored == [[], []]  # a's state rebuilt: no claims
+            a_sockets = (a.settings.dra_socket, a.settings.registration_socket)
+            await a.stop()  # a goes: only its own sockets with it
+            assert not any(p.exists() for p in a_sockets)
+            assert b.settings.dra_socket.exists()
+            assert b.settings.registration_socket.exists()
+            info = await asyncio.wait_for(clients.get_info(b.settings.registration_socket), 10)
+            assert info.endpoint == str(b.settings.dra_socket)
+    assert json.loads((kdir / "plugins" / DRIVER / "checkpoint.json").read_text())["claims"] == {}
+
+
+async def test_a_claim_in_the_hook_of_a_live_instance_is_not_undone_by_a_new_one(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """b starts while a is inside its prepare hook: b's start waits for the claims lock,
+    then sees the claim prepared, never "preparing" (which it would undo)."""
+    ref = _claim(api, f"mid-{node_name}", node_name, "gpu-1")
+    uid = ref[2]
+    a_driver, b_driver = _Recording(gpus(2)), _Recording(gpus(2))
+    a_driver.gate = asyncio.Event()
+    async with server(a_driver, kdir, kubeconfig, node_name, pod_uid=UID_A) as a:
+        preparing = asyncio.ensure_future(clients.prepare(a.settings.dra_socket, [ref]))
+        await asyncio.wait_for(a_driver.in_hook.wait(), 10)
+        b = server(b_driver, kdir, kubeconfig, node_name, pod_uid=UID_B)
+        starting = asyncio.ensure_future(b.start())
+        done, _ = await asyncio.wait({starting}, timeout=0.3)
+        assert not done  # held at the claims lock while a is in its hook
+        assert b_driver.restored == []
+        a_driver.gate.set()
+        assert (await preparing).claims[uid].error == ""
+        await asyncio.wait_for(starting, 10)
+        try:
+            assert b_driver.restored == [[uid]]
+            assert b_driver.unprepared == []  # nothing undone
+            assert b.claims is not None
+            assert uid in b.claims.checkpoint.claims
+            assert list((kdir / "cdi").glob(f"*{uid}*")) != []
+        finally:
+            await b.stop()
