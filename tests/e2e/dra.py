@@ -107,6 +107,19 @@ class DraDriver:
             env={**os.environ, **(env or {})},
         )  # fmt: skip
         cluster.add_log(name, self.log)
+        self._made = (cluster, driver, argv, env, kubeconfig, kubelet, node)
+
+    def sibling(self, extra: list[str], env: dict[str, str] | None = None) -> DraDriver:
+        """Another instance of this driver on the same trees (its CDI dir, fake /dev and
+        NVML state): a DaemonSet's next pod in a rolling upgrade. Not started."""
+        cluster, driver, argv, own_env, kubeconfig, kubelet, node = self._made
+        twin = DraDriver.__new__(DraDriver)
+        DraDriver.__init__(
+            twin, cluster, self.name.rsplit("-", 1)[0] + "-next", driver, [*argv, *extra],
+            self.root, {**(own_env or {}), **(env or {})}, kubeconfig, kubelet, node,
+        )  # fmt: skip
+        twin.cdi_dir = self.cdi_dir
+        return twin
 
     def start(self, *, wait: bool = True) -> None:
         """Start; with ``wait``, until the kubelet has registered it (once more than before)."""
