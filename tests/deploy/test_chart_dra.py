@@ -149,13 +149,44 @@ def test_values_follow_through() -> None:
         ("dra.nvidia.driverName=Not_A_Name", "driverName"),
         ("dra.generic.bogus=1", "bogus"),
         ("dra.kubeletDir=relative/dir", "kubeletDir"),
+        ("dra.updateStrategy.type=Recreate", "updateStrategy"),
+        ("dra.updateStrategy.rollingUpdate.maxSurge=-1", "maxSurge"),
+        ("dra.updateStrategy.rollingUpdate.bogus=1", "bogus"),
     ],
-    ids=["driver-name", "unknown-key", "relative-dir"],
+    ids=["driver-name", "unknown-key", "relative-dir", "strategy", "surge", "rolling-key"],
 )
 def test_schema_refuses_bad_dra_values(setting: str, needle: str) -> None:
     proc = helm("template", "x", str(CHART), "--set", setting, check=False)
     assert proc.returncode != 0
     assert needle in proc.stderr
+
+
+def test_dra_drivers_roll_with_a_surge_and_name_their_sockets_by_the_pod_uid() -> None:
+    """A new driver pod starts beside the old one (maxSurge 1, maxUnavailable 0) with the
+    pod UID from the downward API; the device plugins keep maxSurge 0 (the kubelet cannot
+    run two device plugins for one resource)."""
+    docs = render(values={**DRA_ON, "nvidia.enabled": "true"})
+    for component in ("dra-nvidia", "dra-generic"):
+        ds = daemonset(docs, component)
+        assert ds["spec"]["updateStrategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+        env = {e["name"]: e for e in container(ds)["env"]}
+        assert env["POD_UID"] == {
+            "name": "POD_UID",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
+        }
+    for component in ("nvidia", "generic"):
+        rolling = daemonset(docs, component)["spec"]["updateStrategy"]["rollingUpdate"]
+        assert rolling["maxSurge"] == 0
+        assert "POD_UID" not in {e["name"] for e in container(daemonset(docs, component))["env"]}
+    on_delete = render(
+        values={**DRA_ON, "dra.updateStrategy.type": "OnDelete",
+                "dra.updateStrategy.rollingUpdate": "null"}
+    )  # fmt: skip
+    validate_all(on_delete)
+    assert daemonset(on_delete, "dra-generic")["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 
 @pytest.mark.parametrize(

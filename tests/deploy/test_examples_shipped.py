@@ -69,3 +69,9 @@ def test_the_dra_driver_template_is_valid_kubernetes() -> None:
     ]  # fmt: skip
     for doc in docs:
         kubernetes_validate.validate(doc, "1.34", strict=True)
+    # it rolls with a surge, each pod's sockets named by its UID (docs/dra.md, "Upgrades")
+    [ds] = docs[3:]
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    [driver] = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("valueFrom") for e in driver["env"]}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}

@@ -38,12 +38,18 @@ securityContext:
 {{- include "kubedevice.scheduling" $sched }}
 {{- end -}}
 
-{{/* The env every DRA driver gets: its node's name from the downward API, and logging. */}}
+{{/* The env every DRA driver gets: its node's name and its pod's UID (its sockets are named
+by it, so that two pods run side by side while the DaemonSet rolls) from the downward API,
+and logging. */}}
 {{- define "kubedevice.draEnv" -}}
 - name: NODE_NAME
   valueFrom:
     fieldRef:
       fieldPath: spec.nodeName
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
 {{ include "kubedevice.logEnv" .root }}
 {{- end -}}
 
