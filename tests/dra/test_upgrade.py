@@ -141,3 +141,30 @@ async def test_a_claim_in_the_hook_of_a_live_instance_is_not_undone_by_a_new_one
             assert list((kdir / "cdi").glob(f"*{uid}*")) != []
         finally:
             await b.stop()
+
+
+async def test_only_the_newest_instance_writes_the_slices(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """Two versions publishing different devices never undo each other's slices: the older
+    instance holds its writes while the newer one serves, and takes over when it goes."""
+    a_driver = FakeDriver(gpus(2))
+    async with server(a_driver, kdir, kubeconfig, node_name, pod_uid=UID_A) as a:
+        assert a.publisher is not None
+        await a.wait_published()
+        api.wait_for_slices(DRIVER, node_name, 2)
+        async with server(FakeDriver(gpus(3)), kdir, kubeconfig, node_name, pod_uid=UID_B) as b:
+            assert b.publisher is not None
+            assert not b.publisher.deferring  # a's socket was there before b: b is newer
+            await b.wait_published()
+            api.wait_for_slices(DRIVER, node_name, 3)
+            await asyncio.wait_for(a.publisher.wait_deferring(True), 10)
+            writes = a.publisher.writes
+            a.publisher.update(gpus(2, unhealthy=[1]))  # a's devices change (as _consume does)
+            await a.wait_published()
+            assert a.publisher.writes == writes  # a wrote nothing
+            assert sum(len(s["spec"]["devices"]) for s in api.slices(DRIVER, node_name)) == 3
+        await asyncio.wait_for(a.publisher.wait_deferring(False), 10)  # b went: a takes over
+        await a.wait_published()
+        await asyncio.to_thread(api.wait_for_slices, DRIVER, node_name, 2)
+        assert a.publisher.writes > writes

@@ -12,7 +12,12 @@ directories puts a socket back within milliseconds when it is removed; the kubel
 re-registration (after its restart) republishes the slices. On stop the registration
 socket goes first, then the DRA socket (only this instance's own sockets); slices stay (a
 restarted driver or the other instance of a rolling upgrade adopts them unchanged; the
-kubelet removes them when no instance of the driver stays registered). Devices that are
+kubelet removes them when no instance of the driver stays registered). With a pod UID, an
+instance whose plugin dir gets another instance's DRA socket after its own start (a newer
+pod of the DaemonSet) holds its slice writes while that socket is there: only the newest
+instance writes them. Both serve the health stream (the kubelet opens one per registered
+instance; both report the same devices) and write ``status.devices`` of the claims each
+prepared, under one field manager, with the same content. Devices that are
 not healthy are tainted by why (:mod:`kubedevice.dra.taints`); the prepared claims'
 ``status.devices`` say how their devices are (:mod:`kubedevice.dra.status`); with
 ``metrics_address`` set, ``/metrics``, ``/healthz`` and ``/readyz`` are served
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +90,7 @@ class DriverServer:
         self._watchers: list[DirWatcher] = []
         self._repair = asyncio.Event()
         self._stopping = False
+        self._newer: set[str] = set()  # DRA sockets of instances started after this one
         #: Held for the process life without a pod UID (fixed socket names); else ``None``.
         self.lock = (
             None
@@ -290,6 +298,17 @@ class DriverServer:
             return
         if name in (OVERFLOW, s.registration_socket.name, s.dra_socket.name):
             self._repair.set()
+        if s.pod_uid and (name == OVERFLOW or _other_dra_socket(name, s.dra_socket.name)):
+            self._newer_instances(name)
+
+    def _newer_instances(self, name: str) -> None:
+        """Another instance's DRA socket appeared (it started after this one: a rolling
+        upgrade) or went: the newest instance alone writes the slices."""
+        directory = self.settings.plugin_dir
+        names = [n for n in self._newer | {name} if n != OVERFLOW]
+        self._newer = {n for n in names if _is_socket(directory / n)}
+        if self.publisher is not None:
+            self.publisher.defer(bool(self._newer))
 
     async def _keep_sockets(self) -> None:
         while True:
@@ -354,3 +373,15 @@ class DriverServer:
 
     def _add_registration(self, server: grpc.aio.Server) -> None:
         reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
+
+
+def _other_dra_socket(name: str, own: str) -> bool:
+    """Whether ``name`` in the plugin dir is another instance's DRA socket's name."""
+    return name != own and name.startswith("dra-") and name.endswith(".sock")
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.lstat().st_mode)
+    except OSError:
+        return False

@@ -19,7 +19,9 @@ fault is one to evict on: ``NoExecute``); where the API server drops device tain
 ``DRADeviceTaints`` feature gate off),
 such devices are left out of the slices instead, with one warning. A conflict re-lists and
 tries again; other API errors are retried with backoff by :meth:`SlicePublisher.run` and
-logged, never fatal.
+logged, never fatal. While a newer instance of the driver serves beside this one (a rolling
+upgrade), :meth:`SlicePublisher.defer` holds this one's writes: only the newest instance
+writes, so two versions that publish different devices never undo each other's slices.
 """
 
 from __future__ import annotations
@@ -238,6 +240,8 @@ class SlicePublisher:
         self.resync_s = RESYNC_S
         self._settle_until = 0.0
         self._reported: set[tuple[str, str]] = set()
+        self.deferring = False  # a newer instance publishes (see defer())
+        self._flipped = asyncio.Event()  # set (and replaced) on each change of deferring
 
     def update(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
         """New devices (and the counter sets they consume from): publish them soon."""
@@ -256,6 +260,29 @@ class SlicePublisher:
         self._published.clear()
         self._dirty.set()
 
+    def defer(self, deferring: bool) -> None:
+        """Hold (``True``) or resume the writes: while a newer instance of the driver serves
+        beside this one, it alone keeps the slices; resuming reconciles at once."""
+        if deferring == self.deferring:
+            return
+        self.deferring = deferring
+        log.info(
+            "a newer instance of the driver serves on this node: it publishes the slices"
+            if deferring
+            else "no newer instance of the driver serves on this node: publishing again"
+        )
+        if deferring:
+            self._dirty.set()  # wakes the loop: nothing is written while deferring
+        else:
+            self.request()
+        flipped, self._flipped = self._flipped, asyncio.Event()
+        flipped.set()
+
+    async def wait_deferring(self, deferring: bool) -> None:
+        """Wait until :attr:`deferring` is ``deferring``."""
+        while self.deferring != deferring:
+            await self._flipped.wait()
+
     async def wait_published(self) -> None:
         """Wait until the newest devices are published."""
         await self._published.wait()
@@ -267,6 +294,9 @@ class SlicePublisher:
             with contextlib.suppress(TimeoutError):  # a timeout: the periodic check
                 await asyncio.wait_for(self._dirty.wait(), wait_s)
             self._dirty.clear()
+            if self.deferring:  # the newer instance's slices stand
+                self._published.set()
+                continue
             try:
                 await self.reconcile(self._devices)
             except Exception as exc:  # never fatal: logged, retried with backoff
