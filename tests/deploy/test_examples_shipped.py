@@ -75,3 +75,22 @@ def test_the_dra_driver_template_is_valid_kubernetes() -> None:
     [driver] = ds["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("valueFrom") for e in driver["env"]}
     assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+
+def test_the_upgrade_manifest_in_the_docs_is_valid_and_rolls_as_the_template_does() -> None:
+    """docs/dra.md, "Upgrades": its DaemonSet validates, surges and passes the pod UID, as
+    the shipped template does."""
+    import kubernetes_validate
+
+    text = (ROOT / "docs" / "dra.md").read_text()
+    section = text[text.index("## Upgrades") :]
+    section = section[: section.index("\n## ", 1)]
+    [block] = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    [ds] = [d for d in yaml.safe_load_all(block) if d]
+    kubernetes_validate.validate(ds, "1.34", strict=True)
+    [template] = [d for d in yaml.safe_load_all(shipped()["kubedevice-dra-driver.yaml"]) if d][3:]
+    assert ds["spec"]["updateStrategy"] == template["spec"]["updateStrategy"]
+    [ours] = ds["spec"]["template"]["spec"]["containers"]
+    [theirs] = template["spec"]["template"]["spec"]["containers"]
+    assert ours["env"] == theirs["env"]
+    assert ours["volumeMounts"] == theirs["volumeMounts"]
