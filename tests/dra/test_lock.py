@@ -13,7 +13,7 @@ import pytest
 
 from dra import clients
 from dra.fakes import DRIVER, FakeDriver, gpus, server
-from kubedevice.dra.lock import LOCK_FILE, InstanceLock
+from kubedevice.dra.lock import CLAIMS_LOCK_FILE, LOCK_FILE, ClaimsLock, InstanceLock
 from kubedevice.errors import InstanceLockError
 
 pytestmark = pytest.mark.timeout(60)
@@ -83,3 +83,56 @@ async def test_a_second_server_refuses_and_the_first_keeps_serving(
         assert dra_sock.stat().st_ino == identity
         info = await asyncio.wait_for(clients.get_info(first.settings.registration_socket), 10)
         assert info.endpoint == str(dra_sock)
+
+
+async def test_the_claims_lock_waits_for_another_process_and_a_cancelled_wait_lets_it_go(
+    tmp_path: Path,
+) -> None:
+    """Another process holds claims.lock: a call waits (the event loop stays free); one
+    cancelled while waiting leaves nothing held once it would have got it; calls of one
+    process share it, and on_taken runs once per take."""
+    path = tmp_path / CLAIMS_LOCK_FILE
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys\n"
+         f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True)\n"
+         "sys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lock = ClaimsLock(path)
+    taken: list[int] = []
+
+    async def on_taken() -> None:
+        taken.append(1)
+
+    try:
+        assert holder.stdout is not None
+        assert holder.stdin is not None
+        assert holder.stdout.readline().strip() == "held"
+
+        async def call() -> None:
+            async with lock.hold(on_taken):
+                pass
+
+        waiting = asyncio.ensure_future(call())
+        done, _ = await asyncio.wait({waiting}, timeout=0.3)
+        assert not done  # held by the other process; the loop still runs this test
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert lock.waits == 1
+        holder.stdin.write("\n")  # the other process lets go
+        holder.stdin.flush()
+        assert holder.wait(10) == 0
+        # the cancelled wait's thread got the lock and let it go: it is free
+        async with lock.hold(on_taken), lock.hold(on_taken):  # shared within the process
+            assert taken == [1]
+        async with lock.hold(on_taken):
+            assert taken == [1, 1]
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        for stream in (holder.stdin, holder.stdout):
+            if stream is not None:
+                stream.close()

@@ -130,3 +130,28 @@ async def test_a_prepare_cut_short_gives_the_gpu_the_level_in_force_back(
     checkpoint.save()
     async with server(_driver(host), kdir, kubeconfig, node_name):
         assert host.nvml.time_slice(uuid) == 0  # undone at start, before serving
+
+
+async def test_two_instances_of_an_upgrade_keep_the_levels_each_other_set(
+    gpu_host: Any, kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """A rolling upgrade: b starts beside a; a unprepares one claim, b the other. b's time
+    slices are rebuilt from the checkpoint a changed, so the GPU gets its default back (b,
+    merging instead, would still count a's unprepared claim and leave its level)."""
+    host = gpu_host("dgx-8gpu")
+    older = _claim(api, f"up-old-{node_name}", node_name, "gpu-2", "Long")
+    newer = _claim(api, f"up-new-{node_name}", node_name, "gpu-2", "Short")
+    a_driver = _driver(host)
+    uid_a, uid_b = "0a0a0a0a-0000-4000-8000-00000000000a", "0b0b0b0b-0000-4000-8000-00000000000b"
+    async with server(a_driver, kdir, kubeconfig, node_name, pod_uid=uid_a) as a:
+        a_sock = a.settings.dra_socket
+        assert (await clients.prepare(a_sock, [older])).claims[older[2]].error == ""
+        assert (await clients.prepare(a_sock, [newer])).claims[newer[2]].error == ""
+        uuid = {gd.device.name: gd.gpu.uuid for gd in a_driver.gpu_devices}["gpu-2"]
+        assert host.nvml.time_slice(uuid) == 1  # the newer claim's
+        async with server(_driver(host), kdir, kubeconfig, node_name, pod_uid=uid_b) as b:
+            b_sock = b.settings.dra_socket
+            assert (await clients.unprepare(a_sock, [newer])).claims[newer[2]].error == ""
+            assert host.nvml.time_slice(uuid) == 3  # the older claim's stands again
+            assert (await clients.unprepare(b_sock, [older])).claims[older[2]].error == ""
+            assert host.nvml.time_slice(uuid) == 0
