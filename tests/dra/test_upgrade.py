@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -168,3 +169,25 @@ async def test_only_the_newest_instance_writes_the_slices(
         await a.wait_published()
         await asyncio.to_thread(api.wait_for_slices, DRIVER, node_name, 2)
         assert a.publisher.writes > writes
+
+
+async def test_a_newer_instance_killed_with_its_socket_left_is_not_deferred_to(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """A socket left by a newer instance killed with SIGKILL refuses connections: the older
+    instance takes the slices back at its next check (here a resync asked for at once)."""
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name, pod_uid=UID_A) as a:
+        assert a.publisher is not None
+        await a.wait_published()
+        left = a.settings.plugin_dir / f"dra-{UID_B}.sock"
+        newer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            newer.bind(str(left))
+            newer.listen()  # a newer instance serving
+            await asyncio.wait_for(a.publisher.wait_deferring(True), 10)
+        finally:
+            newer.close()  # killed: the file stays, nothing answers
+        assert left.exists()
+        a.publisher.request()  # the periodic resync, now
+        await asyncio.wait_for(a.publisher.wait_deferring(False), 10)
+        left.unlink()

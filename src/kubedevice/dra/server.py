@@ -14,8 +14,8 @@ socket goes first, then the DRA socket (only this instance's own sockets); slice
 restarted driver or the other instance of a rolling upgrade adopts them unchanged; the
 kubelet removes them when no instance of the driver stays registered). With a pod UID, an
 instance whose plugin dir gets another instance's DRA socket after its own start (a newer
-pod of the DaemonSet) holds its slice writes while that socket is there: only the newest
-instance writes them. Both serve the health stream (the kubelet opens one per registered
+pod of the DaemonSet) holds its slice writes while that socket is there and answers: only
+the newest instance writes them. Both serve the health stream (the kubelet opens one per registered
 instance; both report the same devices) and write ``status.devices`` of the claims each
 prepared, under one field manager, with the same content. Devices that are
 not healthy are tainted by why (:mod:`kubedevice.dra.taints`); the prepared claims'
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -179,6 +180,8 @@ class DriverServer:
         if s.publish:
             taints = TaintPolicy(s.driver_name, s.evict_on)
             self.publisher = SlicePublisher(self._kube, s.driver_name, s.node_name, taints)
+            if s.pod_uid:  # only the newest instance of a rolling upgrade writes the slices
+                self.publisher.defer_to = self._newer_serving
             self._spawn(self.publisher.run(), "publish ResourceSlices")
         self._spawn(self._consume(), _DEVICE_LIST)
         first: asyncio.Future[Any] = asyncio.ensure_future(self._first.wait())
@@ -308,7 +311,14 @@ class DriverServer:
         names = [n for n in self._newer | {name} if n != OVERFLOW]
         self._newer = {n for n in names if _is_socket(directory / n)}
         if self.publisher is not None:
-            self.publisher.defer(bool(self._newer))
+            self.publisher.defer(self._newer_serving())
+
+    def _newer_serving(self) -> bool:
+        """Whether a newer instance's DRA socket is there and answers (a socket left by an
+        instance killed with SIGKILL refuses connections: it does not count); the publisher
+        asks again at every wake, so a killed newer instance is noticed within a resync."""
+        directory = self.settings.plugin_dir
+        return any(_answers(directory / n) for n in self._newer)
 
     async def _keep_sockets(self) -> None:
         while True:
@@ -378,6 +388,20 @@ class DriverServer:
 def _other_dra_socket(name: str, own: str) -> bool:
     """Whether ``name`` in the plugin dir is another instance's DRA socket's name."""
     return name != own and name.startswith("dra-") and name.endswith(".sock")
+
+
+def _answers(path: Path) -> bool:
+    """Whether a Unix socket at ``path`` accepts a connection (it does not block: a
+    listening socket's backlog takes it, a dead one refuses at once)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except BlockingIOError:  # the backlog is full: it is alive
+            return True
+        except OSError:
+            return False
+    return True
 
 
 def _is_socket(path: Path) -> bool:

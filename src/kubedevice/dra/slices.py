@@ -32,7 +32,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from kubedevice.dra import counters
@@ -241,6 +241,8 @@ class SlicePublisher:
         self._settle_until = 0.0
         self._reported: set[tuple[str, str]] = set()
         self.deferring = False  # a newer instance publishes (see defer())
+        #: Asked at every wake (the periodic check included): whether to defer now.
+        self.defer_to: Callable[[], bool] | None = None
         self._flipped = asyncio.Event()  # set (and replaced) on each change of deferring
 
     def update(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
@@ -294,6 +296,8 @@ class SlicePublisher:
             with contextlib.suppress(TimeoutError):  # a timeout: the periodic check
                 await asyncio.wait_for(self._dirty.wait(), wait_s)
             self._dirty.clear()
+            if self.defer_to is not None:
+                self.defer(self.defer_to())
             if self.deferring:  # the newer instance's slices stand
                 self._published.set()
                 continue
