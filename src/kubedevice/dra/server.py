@@ -15,10 +15,10 @@ restarted driver or the other instance of a rolling upgrade adopts them unchange
 kubelet removes them when no instance of the driver stays registered). With a pod UID, an
 instance whose plugin dir gets another instance's DRA socket after its own start (a newer
 pod of the DaemonSet) holds its slice writes while that socket is there and answers: only
-the newest instance writes them. Both serve the health stream (the kubelet opens one per registered
-instance; both report the same devices) and write ``status.devices`` of the claims each
-prepared, under one field manager, with the same content. Devices that are
-not healthy are tainted by why (:mod:`kubedevice.dra.taints`); the prepared claims'
+the newest instance writes them. Both serve the health stream (the kubelet opens one per
+registered instance; both report the same devices) and write ``status.devices`` of the
+claims each prepared, under one field manager, with the same content. Devices that are not
+healthy are tainted by why (:mod:`kubedevice.dra.taints`); the prepared claims'
 ``status.devices`` say how their devices are (:mod:`kubedevice.dra.status`); with
 ``metrics_address`` set, ``/metrics``, ``/healthz`` and ``/readyz`` are served
 (:mod:`kubedevice.dra.metrics`).
