@@ -1027,6 +1027,15 @@ class Cluster:
         return list(items)
 
 
+def watch_of(listing: Any) -> watch.Watch:
+    """A watch that builds the objects of ``listing``'s kind. The client names a watched
+    object's type after its list call's (``V1ResourceClaim`` from ``V1ResourceClaimList``),
+    which is no model for resource.k8s.io/v1 claims (``ResourceV1ResourceClaim`` is): every
+    event of a plain ``watch.Watch()`` on claims fails to deserialize."""
+    items: str = type(listing).openapi_types["items"]  # "List[ResourceV1ResourceClaim]"
+    return watch.Watch(return_type=items[items.index("[") + 1 : -1])
+
+
 def wait_for(
     list_fn: Callable[..., Any],
     predicate: Callable[[Any], bool],
@@ -1050,7 +1059,7 @@ def wait_for(
             if predicate(item):
                 return item
         rv = listing.metadata.resource_version
-        w = watch.Watch()
+        w = watch_of(listing)
         try:
             while True:
                 left = deadline - time.monotonic()

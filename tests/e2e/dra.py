@@ -412,6 +412,16 @@ def pod_claim(cluster: Cluster, ns: str, pod: str) -> Any:
     return resource_api(cluster).read_namespaced_resource_claim(name, ns)
 
 
+def device_health(pod: Any) -> list[tuple[str, str | None]]:
+    """(health, message) of every device in the pod's ``allocatedResourcesStatus``."""
+    return [
+        (r.health, r.message)
+        for status in pod.status.container_statuses or []
+        for res in status.allocated_resources_status or []
+        for r in res.resources or []
+    ]
+
+
 def allocated(claim: Any) -> list[str]:
     """The device names allocated to a claim."""
     return [r.device for r in claim.status.allocation.devices.results]

@@ -26,8 +26,10 @@ from .dra import (
     allocated,
     claim_pod,
     claim_spec,
+    create_claim,
     create_template,
     device_class,
+    device_health,
     pod_claim,
     release,
     request,
@@ -60,15 +62,6 @@ def _uuid_is(uuid: str) -> str:
 def _tolerating(req: dict[str, Any], key: str) -> dict[str, Any]:
     req["exactly"]["tolerations"] = [{"key": key, "operator": "Exists", "effect": "NoExecute"}]
     return req
-
-
-def _device_status(pod: Any) -> list[tuple[str, str | None]]:
-    return [
-        (r.health, r.message)
-        for status in pod.status.container_statuses or []
-        for res in status.allocated_resources_status or []
-        for r in res.resources or []
-    ]
 
 
 def _wait_taint(cluster: Cluster, driver: str, device: str, what: str) -> Any:
@@ -180,6 +173,26 @@ def _wait_untainted(cluster: Cluster, driver: str, count: int) -> None:
         )
 
 
+def test_a_watch_sees_a_claim_change(cluster: Cluster, ns: str) -> None:
+    # the waits on a claim's status.devices watch ResourceClaims; the client could not build
+    # the watched claims (no model V1ResourceClaim), so a wait failed unless the first list
+    # already held what it waited for
+    with device_class(cluster, IS_GPU) as cls:
+        create_claim(cluster, ns, "c", claim_spec(request("gpu", cls)))
+    api = resource_api(cluster)
+    patched: list[bool] = []
+
+    def labelled(c: Any) -> bool:
+        if not patched:  # listed: change it now, so only the watch can see the change
+            patched.append(True)
+            api.patch_namespaced_resource_claim("c", ns, {"metadata": {"labels": {"x": "1"}}})
+        return (c.metadata.labels or {}).get("x") == "1"
+
+    found = wait_for(api.list_namespaced_resource_claim, labelled, 30, "claim labelled", ns)
+    assert found.metadata.name == "c"
+    assert patched == [True]
+
+
 def test_an_xid_reaches_the_pod_status_with_its_reason_and_the_next_pod_gets_another_gpu(
     cluster: Cluster, ns: str, drivers: list[Any]
 ) -> None:
@@ -188,7 +201,7 @@ def test_an_xid_reaches_the_pod_status_with_its_reason_and_the_next_pod_gets_ano
     with device_class(cluster, IS_GPU) as cls:
         create_template(cluster, ns, "one", claim_spec(request("gpu", cls)))
         pod = run_claim_pod(cluster, ns, claim_pod("p", template="one"))
-        assert _device_status(pod) in ([], [("Healthy", None)], [("Healthy", "")])
+        assert device_health(pod) in ([], [("Healthy", None)], [("Healthy", "")])
         claim = pod_claim(cluster, ns, "p")
         [name] = allocated(claim)
         uuid = drv.uuids[int(name.removeprefix("gpu-"))]
@@ -212,7 +225,7 @@ def test_an_xid_reaches_the_pod_status_with_its_reason_and_the_next_pod_gets_ano
         assert (taint.key, taint.value, taint.effect) == (f"{GPU_DRIVER}/xid", "79", "NoSchedule")
 
         def unhealthy(p: Any) -> bool:
-            return ("Unhealthy", "XID 79: GPU has fallen off the bus") in _device_status(p)
+            return ("Unhealthy", "XID 79: GPU has fallen off the bus") in device_health(p)
 
         cluster.wait_pod(ns, "p", unhealthy, 60, "allocatedResourcesStatus Unhealthy, XID 79")
         status_s = time.monotonic() - start
