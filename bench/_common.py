@@ -28,6 +28,20 @@ def cpu_model() -> str:
     return f"{os.cpu_count()} CPUs"
 
 
+def in_private_mount_namespace() -> None:
+    """Re-exec this script as root in a private mount namespace with a tmpfs on the kubelet's
+    device-plugin directory (as scripts/e2e does for the end-to-end tier), so a real kubelet
+    started by the script touches no other kubelet's; returns at once when already there."""
+    if os.environ.get("KUBEDEVICE_E2E_IN_NS"):
+        return
+    dp = "/var/lib/kubelet/device-plugins"
+    os.makedirs(dp, exist_ok=True)
+    env = {**os.environ, "KUBEDEVICE_E2E_IN_NS": "1"}
+    script = 'mount -t tmpfs -o mode=0755 tmpfs "$1" && shift && exec "$@"'
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", dp]
+    os.execvpe("unshare", [*argv, sys.executable, *sys.argv], env)
+
+
 def pct(samples: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``samples``: the nearest rank, no interpolation."""
     ordered = sorted(samples)

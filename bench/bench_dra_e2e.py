@@ -31,21 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _common import cpu_model, pct  # noqa: E402
+from _common import cpu_model, in_private_mount_namespace, pct  # noqa: E402
 
 DRIVER = "gpu.kubedevice.io"
-
-
-def _in_namespace() -> None:
-    """Re-exec in a private mount namespace with a tmpfs on the device-plugin directory."""
-    if os.environ.get("KUBEDEVICE_E2E_IN_NS"):
-        return
-    dp = "/var/lib/kubelet/device-plugins"
-    os.makedirs(dp, exist_ok=True)
-    env = {**os.environ, "KUBEDEVICE_E2E_IN_NS": "1"}
-    script = 'mount -t tmpfs -o mode=0755 tmpfs "$1" && shift && exec "$@"'
-    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", dp]
-    os.execvpe("unshare", [*argv, sys.executable, *sys.argv], env)
 
 
 def _slices_ready(api: Any, count: int) -> bool:
@@ -68,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench_dra_e2e needs root (it runs a real kubelet)")
-    _in_namespace()
+    in_private_mount_namespace()
 
     from e2e.cluster import NODE, Cluster, find_binaries, namespace
     from e2e.dra import (
