@@ -7,11 +7,14 @@ Imported by the scripts in this folder as ``_common`` (a script's own folder is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,38 @@ def in_private_mount_namespace() -> None:
     script = 'mount -t tmpfs -o mode=0755 tmpfs "$1" && shift && exec "$@"'
     argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", dp]
     os.execvpe("unshare", [*argv, sys.executable, *sys.argv], env)
+
+
+@contextlib.contextmanager
+def e2e_cluster(script: str, *, keep_logs: bool = False) -> Iterator[Any]:
+    """The end-to-end tier's cluster (``tests/e2e/cluster.py``: etcd, kube-apiserver,
+    kube-scheduler, kube-controller-manager, a real kubelet with kd-fakecri) for the bench
+    ``script``: it needs root and re-runs itself in a private mount namespace first
+    (:func:`in_private_mount_namespace`). Stopped afterwards; its logs are kept (their
+    folder on stderr) when the bench fails or with ``keep_logs``."""
+    if os.geteuid() != 0:
+        raise SystemExit(f"{script} needs root (it runs a real kubelet)")
+    in_private_mount_namespace()
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from e2e.cluster import Cluster, find_binaries
+
+    bin_dir = find_binaries(ROOT)
+    if bin_dir is None:
+        raise SystemExit("no Kubernetes binaries (see tests/e2e/README.md)")
+    workdir = Path(tempfile.mkdtemp(prefix="kdb-", dir="/tmp"))
+    cluster = Cluster.start(bin_dir, workdir)
+    try:
+        yield cluster
+    except BaseException:
+        cluster.stop()
+        print(f"failed; logs kept in {workdir / 'logs'}", file=sys.stderr)
+        raise
+    cluster.stop()
+    if keep_logs:
+        print(f"logs in {workdir / 'logs'}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def pct(samples: list[float], q: float) -> float:

@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _common import cpu_model, in_private_mount_namespace, pct  # noqa: E402
+from _common import cpu_model, e2e_cluster, pct  # noqa: E402
 
 DRIVER = "gpu.kubedevice.io"
 
@@ -54,11 +52,7 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--pods", type=int, default=10)
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench_dra_e2e needs root (it runs a real kubelet)")
-    in_private_mount_namespace()
-
-    from e2e.cluster import NODE, Cluster, find_binaries, namespace
+    from e2e.cluster import NODE, namespace
     from e2e.dra import (
         POD_TIMEOUT,
         REGISTERED,
@@ -73,13 +67,8 @@ def main() -> None:
     )
     from kubernetes import client
 
-    bin_dir = find_binaries(ROOT)
-    if bin_dir is None:
-        raise SystemExit("no Kubernetes binaries (see tests/e2e/README.md)")
-    workdir = Path(tempfile.mkdtemp(prefix="kdb-", dir="/tmp"))
-    cluster = Cluster.start(bin_dir, workdir)
     out: dict[str, Any] = {"machine": cpu_model(), "kubernetes": "v1.36.2", "gpus": 8}
-    try:
+    with e2e_cluster("bench_dra_e2e") as cluster:
         api = client.ResourceV1Api(cluster.api)
         start_slices: list[float] = []
         for _ in range(args.starts):
@@ -129,13 +118,6 @@ def main() -> None:
         out["node"] = NODE
         out["runs"] = {"starts": args.starts, "pods": args.pods}
         out["load_1m"] = os.getloadavg()[0]
-    except BaseException:
-        cluster.stop()
-        print(f"failed; logs kept in {workdir / 'logs'}", file=sys.stderr)
-        raise
-    else:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}))
 
 

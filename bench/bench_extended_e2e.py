@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,22 +38,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _common import KUBEDEVICE, cpu_model, pct  # noqa: E402
+from _common import KUBEDEVICE, cpu_model, e2e_cluster, pct  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 SLOW_MS = 5_000
-
-
-def _in_namespace() -> None:
-    """Re-exec in a private mount namespace with a tmpfs on the device-plugin directory."""
-    if os.environ.get("KUBEDEVICE_E2E_IN_NS"):
-        return
-    dp = "/var/lib/kubelet/device-plugins"
-    os.makedirs(dp, exist_ok=True)
-    env = {**os.environ, "KUBEDEVICE_E2E_IN_NS": "1"}
-    script = 'mount -t tmpfs -o mode=0755 tmpfs "$1" && shift && exec "$@"'
-    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", dp]
-    os.execvpe("unshare", [*argv, sys.executable, *sys.argv], env)
 
 
 def _summary(samples: list[float]) -> dict[str, Any]:
@@ -74,19 +60,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=7)
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench_extended_e2e needs root (it runs a real kubelet)")
-    _in_namespace()
-
-    from e2e.cluster import Cluster, find_binaries, namespace, pod_manifest
+    from e2e.cluster import namespace, pod_manifest
     from e2e.dra import POD_TIMEOUT, GpuDra, delete_pod, resource_api, wait_slices
     from e2e.plugins import GpuDaemon
 
-    bin_dir = find_binaries(ROOT)
-    if bin_dir is None:
-        raise SystemExit("no Kubernetes binaries (see tests/e2e/README.md)")
-    workdir = Path(tempfile.mkdtemp(prefix="kdb-", dir="/tmp"))
-    cluster = Cluster.start(bin_dir, workdir)
     out: dict[str, Any] = {"machine": cpu_model(), "kubernetes": "v1.36.2", "pod": {GPU: 1}}
 
     def measure(ns: str, prefix: str) -> list[float]:
@@ -101,7 +78,7 @@ def main() -> None:
             delete_pod(cluster, ns, name)
         return times
 
-    try:
+    with e2e_cluster("bench_extended_e2e") as cluster:
         with namespace(cluster, "bench") as ns:
             drv = GpuDra(cluster)
             drv.start()
@@ -129,13 +106,6 @@ def main() -> None:
         out["device_plugin"] = _summary(dp)
         out["pods_each"] = args.pods
         out["load_1m"] = round(os.getloadavg()[0], 2)
-    except BaseException:
-        cluster.stop()
-        print(f"failed; logs kept in {workdir / 'logs'}", file=sys.stderr)
-        raise
-    else:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(out))
 
 

@@ -214,6 +214,24 @@ class GpuDra(DraDriver):
         self.nvml.close()
 
 
+#: A /dev group (``/dev/e2e*``) whose health check reads
+#: ``/sys/class/e2e/<device>/ok`` every 0.2 s: write ``0`` there and the device is Unhealthy.
+CHECKED_DEV_CONFIG = """\
+version: v1
+resources:
+  - name: example.com/e2e
+    groups:
+      - name: e2e
+        paths:
+          - path: /dev/e2e*
+        health:
+          periodSeconds: 0.2
+          sysfsAttribute:
+            path: /sys/class/e2e/{name}/ok
+            expect: "1"
+"""
+
+
 class GenericDra(DraDriver):
     """``kubedevice run --dra`` on a fake host (``host.add_char_device`` / ``remove``)."""
 

@@ -20,6 +20,7 @@ from kubernetes import watch
 
 from .cluster import Cluster, ClusterError, free_port
 from .dra import (
+    CHECKED_DEV_CONFIG,
     POD_TIMEOUT,
     GenericDra,
     GpuDra,
@@ -278,26 +279,10 @@ def test_evict_on_xid_moves_pods_off_the_gpu_unless_their_claim_tolerates_it(
         assert cluster.core.read_namespaced_pod("tolerant", ns).metadata.deletion_timestamp is None
 
 
-DEV_CONFIG = """\
-version: v1
-resources:
-  - name: example.com/e2e
-    groups:
-      - name: e2e
-        paths:
-          - path: /dev/e2e*
-        health:
-          periodSeconds: 0.2
-          sysfsAttribute:
-            path: /sys/class/e2e/{name}/ok
-            expect: "1"
-"""
-
-
 def test_evict_on_a_failing_check_moves_the_pod_off_the_dev_device(
     cluster: Cluster, ns: str, drivers: list[Any]
 ) -> None:
-    drv = GenericDra(cluster, DEV_CONFIG, extra=("--evict-on", "health-check"))
+    drv = GenericDra(cluster, CHECKED_DEV_CONFIG, extra=("--evict-on", "health-check"))
     drivers.append(drv)
     drv.host.add_char_device("/dev/e2e0")
     ok = drv.host.sys("/sys/class/e2e/e2e0")
