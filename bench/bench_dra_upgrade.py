@@ -27,10 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _common import cpu_model, pct  # noqa: E402
-from bench_dra_e2e import DRIVER, _in_namespace  # noqa: E402
+from _common import cpu_model, e2e_cluster, pct  # noqa: E402
+from bench_dra_e2e import DRIVER  # noqa: E402
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
 UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
@@ -71,23 +69,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=45)
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench_dra_upgrade needs root (it runs a real kubelet)")
-    _in_namespace()
-
     from e2e.churn import PodChurn
-    from e2e.cluster import Cluster, find_binaries, namespace
+    from e2e.cluster import namespace
     from e2e.dra import GpuDra, claim_spec, device_class, request
 
     from kubedevice.nvidia.fake.control import CONTROL_ENV
 
-    bin_dir = find_binaries(ROOT)
-    if bin_dir is None:
-        raise SystemExit("no Kubernetes binaries (see tests/e2e/README.md)")
-    workdir = Path(tempfile.mkdtemp(prefix="kdb-", dir="/tmp"))
-    cluster = Cluster.start(bin_dir, workdir)
     out: dict[str, Any] = {"machine": cpu_model(), "kubernetes": "v1.36.2", "gpus": 8}
-    try:
+    with e2e_cluster("bench_dra_upgrade") as cluster:
         a = GpuDra(cluster, extra=("--pod-uid", UID_A))
         a.start()
         with device_class(cluster, f'device.driver == "{DRIVER}"') as cls:
@@ -125,13 +114,6 @@ def main() -> None:
         a.close()
         out["runs"] = {"pods": args.pods, "interval_s": 0.1, "in_flight": 3}
         out["load_1m"] = os.getloadavg()[0]
-    except BaseException:
-        cluster.stop()
-        print(f"failed; logs kept in {workdir / 'logs'}", file=sys.stderr)
-        raise
-    else:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
     def rounded(v: Any) -> Any:
         if isinstance(v, dict):
