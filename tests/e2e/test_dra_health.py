@@ -29,6 +29,7 @@ from .dra import (
     claim_spec,
     create_claim,
     create_template,
+    delete_pod,
     device_class,
     device_health,
     pod_claim,
@@ -38,6 +39,7 @@ from .dra import (
     run_claim_pod,
     slice_devices,
     wait_for,
+    wait_unschedulable,
 )
 
 pytestmark = pytest.mark.timeout(360)
@@ -237,11 +239,22 @@ def test_an_xid_reaches_the_pod_status_with_its_reason_and_the_next_pod_gets_ano
             f"\nXID -> taint on the slice {tainted_s:.2f} s; -> pod status {status_s:.2f} s; "
             f"-> claim status {claim_s:.2f} s"
         )
-        # the pod keeps running (NoSchedule); the next pod gets a GPU without the taint
+        # the pod keeps running (NoSchedule); once it is gone, the tainted GPU is free but
+        # no new claim gets it: one that can have only it stays Pending, one offered it and
+        # a spare gets the spare
         assert cluster.core.read_namespaced_pod("p", ns).metadata.deletion_timestamp is None
-        run_claim_pod(cluster, ns, claim_pod("q", template="one"))
-        [other] = allocated(pod_claim(cluster, ns, "q"))
-        assert other != name
+        delete_pod(cluster, ns, "p")
+        spare = "gpu-1" if name == "gpu-0" else "gpu-0"
+        spare_uuid = drv.uuids[int(spare.removeprefix("gpu-"))]
+        by_uuid = f'device.attributes["{GPU_DRIVER}"].uuid'
+        only_bad = f'{by_uuid} == "{uuid}"'
+        either = f'{by_uuid} in ["{uuid}", "{spare_uuid}"]'
+        create_template(cluster, ns, "bad", claim_spec(request("gpu", cls, 1, only_bad)))
+        create_template(cluster, ns, "either", claim_spec(request("gpu", cls, 1, either)))
+        cluster.core.create_namespaced_pod(ns, claim_pod("r", template="bad"))
+        wait_unschedulable(cluster, ns, "r")
+        run_claim_pod(cluster, ns, claim_pod("q", template="either"))
+        assert allocated(pod_claim(cluster, ns, "q")) == [spare]
 
 
 def test_evict_on_xid_moves_pods_off_the_gpu_unless_their_claim_tolerates_it(
