@@ -114,6 +114,30 @@ async def test_two_instances_serve_side_by_side_and_share_the_claims(
     assert json.loads((kdir / "plugins" / DRIVER / "checkpoint.json").read_text())["claims"] == {}
 
 
+@pytest.mark.parametrize("first_uid", [UID_A, ""], ids=["with-uid-first", "no-uid-first"])
+async def test_an_instance_without_a_pod_uid_never_runs_beside_one_with(
+    kdir: Path, kubeconfig: Path, node_name: str, first_uid: str
+) -> None:
+    """One without a pod UID (an older version, or run by hand) takes no claims lock: it
+    must not serve beside the instances of a rolling upgrade, whichever starts first."""
+    from kubedevice.dra.lock import LOCK_FILE
+    from kubedevice.errors import InstanceLockError
+
+    second_uid = "" if first_uid else UID_B
+    async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name, pod_uid=first_uid) as a:
+        b = server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name, pod_uid=second_uid)
+        with pytest.raises(InstanceLockError) as caught:
+            await b.start()
+        await b.stop()
+        assert str(kdir / "plugins" / DRIVER / LOCK_FILE) in str(caught.value)
+        if second_uid:
+            assert "without a pod UID" in str(caught.value)
+            assert "maxSurge: 0" in str(caught.value)
+        assert a.settings.dra_socket.exists()
+        info = await asyncio.wait_for(clients.get_info(a.settings.registration_socket), 10)
+        assert info.endpoint == str(a.settings.dra_socket)
+
+
 async def test_a_claim_in_the_hook_of_a_live_instance_is_not_undone_by_a_new_one(
     kdir: Path, kubeconfig: Path, node_name: str, api: Api
 ) -> None:

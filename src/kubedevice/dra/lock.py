@@ -3,7 +3,8 @@
 :class:`InstanceLock` (``driver.lock``, for the process life): a driver run without a pod
 UID serves fixed socket names, so two such instances on a node would take each other's
 sockets. The first takes an exclusive lock and writes who it is into the file; a second
-finds it held and refuses to start, naming the file and the holder.
+finds it held and refuses to start, naming the file and the holder. Instances run with a pod
+UID hold it shared: any number of them side by side, none beside one without a pod UID.
 
 :class:`ClaimsLock` (``claims.lock``, around each batch of claim work): instances run with a
 pod UID (a DaemonSet rolling with ``maxSurge``) serve sockets of their own and run side by
@@ -47,16 +48,23 @@ CLAIMS_LOCK_FILE: Final = "claims.lock"
 
 
 class InstanceLock:
-    """An exclusive ``flock`` on ``path``; :meth:`acquire` takes it or says who holds it.
+    """A ``flock`` on ``path`` for the process life; :meth:`acquire` takes it or says why not.
+
+    Exclusive for a driver run without a pod UID (one instance per node), shared for the
+    instances of a rolling upgrade (run with pod UIDs): they run side by side, but never
+    beside an instance without a pod UID, which does not take the claims lock (an older
+    version, or one run by hand), in either order.
 
     Args:
         path: The lock file (created if missing, mode 0600).
         what: What the lock guards, for the error ("DRA driver gpu.example.com").
+        shared: Take it shared (an instance with a pod UID).
     """
 
-    def __init__(self, path: Path, what: str) -> None:
+    def __init__(self, path: Path, what: str, *, shared: bool = False) -> None:
         self.path = path
         self.what = what
+        self.shared = shared
         self._fd: int | None = None
 
     @property
@@ -79,18 +87,27 @@ class InstanceLock:
         except OSError as exc:
             raise InstanceLockError(f"cannot open the lock file {self.path}: {exc}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _describe(_read(fd))
             os.close(fd)
+            if self.shared:
+                raise InstanceLockError(
+                    f"an instance of {self.what} without a pod UID (an older version, or one "
+                    f"run by hand) is running on this node: it holds {self.path} ({holder}); "
+                    "refusing to start beside it, as it does not take the claims lock (roll "
+                    "from it with maxSurge: 0)"
+                ) from None
             raise InstanceLockError(
                 f"another instance of {self.what} is running on this node: it holds "
-                f"{self.path} ({holder}); refusing to start"
+                f"{self.path} (last written by {holder}); refusing to start"
             ) from None
         except OSError as exc:
             os.close(fd)
             raise InstanceLockError(f"cannot lock {self.path}: {exc}") from None
         self._fd = fd
+        if self.shared:
+            return  # several hold it: who holds it is written by an exclusive holder only
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),

@@ -92,11 +92,10 @@ class DriverServer:
         self._repair = asyncio.Event()
         self._stopping = False
         self._newer: set[str] = set()  # DRA sockets of instances started after this one
-        #: Held for the process life without a pod UID (fixed socket names); else ``None``.
-        self.lock = (
-            None
-            if settings.pod_uid
-            else InstanceLock(settings.lock, f"DRA driver {settings.driver_name}")
+        #: Held for the process life: exclusive without a pod UID (fixed socket names),
+        #: shared with one (the instances of a rolling upgrade, never beside one without).
+        self.lock = InstanceLock(
+            settings.lock, f"DRA driver {settings.driver_name}", shared=bool(settings.pod_uid)
         )
         self.claims_lock = ClaimsLock(settings.claims_lock)
         self.checkpoint = Checkpoint(settings.checkpoint, settings.driver_name)
@@ -141,16 +140,15 @@ class DriverServer:
         """Serve and register; returns once both sockets are up.
 
         Raises:
-            InstanceLockError: Another instance of the driver without a pod UID runs on
-                this node.
+            InstanceLockError: Another instance of the driver runs on this node and one of
+                the two has no pod UID.
             ConfigError: The API client cannot be configured.
             KubeDeviceError: The driver's ``restore`` hook failed, its device list failed
                 before its first snapshot, or a socket cannot be served.
         """
         s = self.settings
         self._failed = asyncio.get_running_loop().create_future()
-        if self.lock is not None:
-            self.lock.acquire()  # before the checkpoint is read or a socket touched
+        self.lock.acquire()  # before the checkpoint is read or a socket touched
         if self._kube is None:
             self._kube = await asyncio.to_thread(
                 KubeClient.connect, s.kubeconfig, deadline_s=s.api_timeout
@@ -235,8 +233,7 @@ class DriverServer:
             self._kube.close()
             self._kube = None
         await unwatching
-        if self.lock is not None:
-            self.lock.release()
+        self.lock.release()
 
     async def wait_failed(self) -> BaseException | None:
         """Wait until a background job of the server fails; its error."""
