@@ -1,7 +1,8 @@
 """The prepared-claim checkpoint: which claims this driver prepared, with what answer.
 
-A JSON file in the driver's plugin dir, replaced atomically on every change, with a SHA-256
-checksum over its claims (the driver's per-device ``data`` included). Per device it keeps
+A JSON file in the driver's plugin dir, replaced atomically on every change (compact, one
+claim a line; each claim's entry is encoded once and reused), with a SHA-256 checksum over
+the canonical JSON of its claims (the driver's per-device ``data`` included). Per device it keeps
 the request, pool and device, the CDI IDs answered, the share ID, admin access, the
 driver's ``data`` and the CDI ``containerEdits`` written into the claim's spec (``edits``),
 so the spec can be written again when it is gone (the CDI dir is a tmpfs: a reboot empties
@@ -38,7 +39,7 @@ from typing import Any, Final
 
 from kubedevice._regular_file import NotRegularFileError, read_regular
 from kubedevice.dra.types import ClaimRef, PreparedClaim
-from kubedevice.plugin.files import write_atomically
+from kubedevice.plugin.files import sync_file, write_atomically
 
 __all__ = ["CHECKPOINT_VERSION", "Checkpoint"]
 
@@ -65,6 +66,9 @@ class Checkpoint:
         self.preparing: dict[str, PreparedClaim] = {}
         self.set_aside: Path | None = None
         self._seen: tuple[int, int, int, int] | None = None  # the file as last read/written
+        # (uid, state) -> (the claim object, its entry as canonical JSON)
+        self._cache: dict[tuple[str, str | None], tuple[PreparedClaim, str]] = {}
+        self._used: set[tuple[str, str | None]] = set()
 
     def load(self) -> None:
         """Read the file (missing: empty; unreadable or not a regular file: moved aside, empty)."""
@@ -93,24 +97,61 @@ class Checkpoint:
                 len(self.preparing),
             )
 
-    def save(self) -> None:
+    def save(self, *, sync: bool = True) -> None:
         """Write the file atomically (mode 0600).
+
+        Each claim's entry is encoded once and kept (keyed by the claim object, which is
+        immutable), so a save costs the entries' concatenation and one checksum, not an
+        encoding of every claim. The file is compact JSON, one claim per line; the
+        checksum is over the same canonical form as before, so either version reads the
+        other's files.
+
+        Args:
+            sync: fsync the file before it replaces the old one; with ``False`` every
+                process sees the new file at once and :meth:`sync` makes it durable.
 
         Raises:
             OSError: It cannot be written.
         """
-        claims = {uid: _encode_claim(claim) for uid, claim in sorted(self.claims.items())}
-        for uid, claim in sorted(self.preparing.items()):
-            claims[uid] = {**_encode_claim(claim), "state": _PREPARING}
-        document = {
-            "version": CHECKPOINT_VERSION,
-            "driver": self.driver_name,
-            "checksum": _checksum(claims),
-            "claims": claims,
-        }
+        entries: dict[str, str] = {}
+        for table, state in ((self.claims, None), (self.preparing, _PREPARING)):
+            for uid, claim in table.items():
+                entries[uid] = self._encoded(uid, claim, state)
+        keys = sorted(entries)
+        canonical = ",".join(f"{json.dumps(uid)}:{entries[uid]}" for uid in keys)
+        checksum = hashlib.sha256(f"{{{canonical}}}".encode()).hexdigest()
+        lines = ",\n".join(f"{json.dumps(uid)}:{entries[uid]}" for uid in keys)
+        text = (
+            f'{{"checksum":"{checksum}","claims":{{\n{lines}\n}},'
+            f'"driver":{json.dumps(self.driver_name)},"version":{CHECKPOINT_VERSION}}}\n'
+        )
+        self._cache = {key: self._cache[key] for key in self._used}
+        self._used = set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, json.dumps(document, indent=1, sort_keys=True), mode=0o600)
+        write_atomically(self.path, text, mode=0o600, sync=sync)
         self._seen = self._identity()
+
+    def sync(self) -> None:
+        """Make the last :meth:`save` durable: fsync the file, then its directory.
+
+        Raises:
+            OSError: It cannot be synced.
+        """
+        sync_file(self.path)
+
+    def _encoded(self, uid: str, claim: PreparedClaim, state: str | None) -> str:
+        """The claim's entry as canonical JSON (sorted keys, no spaces), encoded once."""
+        key = (uid, state)
+        self._used.add(key)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] is claim:
+            return cached[1]
+        entry = _encode_claim(claim)
+        if state is not None:
+            entry["state"] = state
+        text = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+        self._cache[key] = (claim, text)
+        return text
 
     def reload_if_changed(self) -> bool:
         """Read the file again if another process replaced it since this one last read or

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kubedevice._regular_file import NotRegularFileError, read_regular
 
-__all__ = ["replace_if_changed", "write_atomically"]
+__all__ = ["replace_if_changed", "sync_file", "write_atomically"]
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,12 @@ def replace_if_changed(directory: Path, name: str, text: str) -> bool:
     return True
 
 
-def write_atomically(path: Path, data: bytes | str, *, mode: int) -> None:
+def write_atomically(path: Path, data: bytes | str, *, mode: int, sync: bool = True) -> None:
     """Write ``data`` to a temporary file beside ``path`` (``mode``), fsync, rename into place.
 
     A reader never sees a partial file; a symlink at ``path`` is replaced, never followed.
+    With ``sync=False`` the fsync is left to the caller (:func:`sync_file`): every process
+    sees the new file at once, a power loss before that fsync may keep the old one.
 
     Raises:
         OSError: The directory cannot be written.
@@ -69,9 +71,28 @@ def write_atomically(path: Path, data: bytes | str, *, mode: int) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def sync_file(path: Path) -> None:
+    """fsync ``path`` (its data on disk) and then its directory (its name on disk).
+
+    Raises:
+        OSError: It cannot be opened or synced.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

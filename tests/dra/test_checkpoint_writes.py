@@ -1,0 +1,136 @@
+"""The checkpoint's write path: each claim encoded once, the same document as before (so
+either version reads the other's files), a changed claim written anew, the fsync on demand."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from kubedevice.dra import checkpoint as checkpoint_module
+from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.types import ClaimRef, PreparedClaim
+
+DRIVER = "gpu.test.kubedevice.io"
+
+
+def _claim(i: int) -> PreparedClaim:
+    uid = f"uid-{i:04d}"
+    return PreparedClaim(
+        ref=ClaimRef(namespace="default", name=f"claim-{i}", uid=uid),
+        devices=(("gpu", "node-a", f"gpu-{i}"),),
+        cdi_ids=((f"k8s.{DRIVER}/claim={uid}-gpu-{i}",),),
+        share_ids=(None,),
+        data=(MappingProxyType({"slot": i, "ratio": 1.5, "name": "é"}),),
+        edits=(MappingProxyType({"env": [f"GPU={i}"]}),),
+        admin_access=(i % 2 == 0,),
+    )
+
+
+def _old_document(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The document as the earlier write path built it (whole, sorted, checksummed)."""
+    claims = {
+        uid: checkpoint_module._encode_claim(c) for uid, c in sorted(checkpoint.claims.items())
+    }
+    for uid, c in sorted(checkpoint.preparing.items()):
+        claims[uid] = {**checkpoint_module._encode_claim(c), "state": "preparing"}
+    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":"))
+    return {
+        "version": 1,
+        "driver": checkpoint.driver_name,
+        "checksum": hashlib.sha256(canonical.encode()).hexdigest(),
+        "claims": claims,
+    }
+
+
+def test_the_document_is_the_one_the_earlier_version_wrote_and_loads(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    for i in range(5):
+        checkpoint.claims[f"uid-{i:04d}"] = _claim(i)
+    checkpoint.preparing["uid-0007"] = _claim(7)
+    checkpoint.save()
+    assert json.loads(checkpoint.path.read_text()) == _old_document(checkpoint)
+    # and a file in the earlier layout (indented) loads
+    checkpoint.path.write_text(json.dumps(_old_document(checkpoint), indent=1, sort_keys=True))
+    again = Checkpoint(checkpoint.path, DRIVER)
+    again.load()
+    assert again.set_aside is None
+    assert again.claims == checkpoint.claims
+    assert again.preparing == checkpoint.preparing
+
+
+def test_a_save_encodes_only_the_claims_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    for i in range(300):
+        checkpoint.claims[f"uid-{i:04d}"] = _claim(i)
+    encoded: list[str] = []
+    real = checkpoint_module._encode_claim
+
+    def counting(claim: PreparedClaim) -> dict[str, Any]:
+        encoded.append(claim.ref.uid)
+        return real(claim)
+
+    monkeypatch.setattr(checkpoint_module, "_encode_claim", counting)
+    checkpoint.save()
+    assert len(encoded) == 300
+    encoded.clear()
+    checkpoint.preparing["uid-0300"] = _claim(300)  # a prepare starts
+    checkpoint.save()
+    assert encoded == ["uid-0300"]
+    encoded.clear()
+    checkpoint.claims["uid-0300"] = checkpoint.preparing.pop("uid-0300")  # ... and ends
+    del checkpoint.claims["uid-0001"]  # an unprepare
+    checkpoint.save()
+    assert encoded == ["uid-0300"]  # its entry without "state"
+    encoded.clear()
+    checkpoint.save()
+    assert encoded == []
+    loaded = Checkpoint(checkpoint.path, DRIVER)
+    loaded.load()
+    assert loaded.claims == checkpoint.claims
+    assert "uid-0001" not in loaded.claims
+    assert loaded.preparing == {}
+
+
+def test_a_claim_replaced_by_a_new_object_is_encoded_again(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    checkpoint.claims["uid-0001"] = _claim(1)
+    checkpoint.save()
+    changed = dataclasses.replace(_claim(1), data=(MappingProxyType({"slot": 99}),))
+    checkpoint.claims["uid-0001"] = changed
+    checkpoint.save()
+    loaded = Checkpoint(checkpoint.path, DRIVER)
+    loaded.load()
+    assert loaded.claims["uid-0001"].data[0]["slot"] == 99
+
+
+def test_save_without_sync_is_seen_at_once_and_sync_makes_it_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    checkpoint.claims["uid-0001"] = _claim(1)
+    checkpoint.save(sync=False)
+    assert synced == []
+    reader = Checkpoint(checkpoint.path, DRIVER)  # another process would read the same
+    reader.load()
+    assert list(reader.claims) == ["uid-0001"]
+    checkpoint.sync()
+    assert len(synced) == 2  # the file, then its directory
+    checkpoint.save()
+    assert len(synced) == 3  # a plain save syncs before the rename
