@@ -134,3 +134,56 @@ def test_save_without_sync_is_seen_at_once_and_sync_makes_it_durable(
     assert len(synced) == 2  # the file, then its directory
     checkpoint.save()
     assert len(synced) == 3  # a plain save syncs before the rename
+
+
+async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
+    tmp_path: Path,
+) -> None:
+    from collections.abc import AsyncIterator, Sequence
+
+    import kubedevice.dra as dra
+    from kubedevice._api.dra.v1 import api_pb2 as v1
+    from kubedevice.dra.cdi import CdiWriter
+    from kubedevice.dra.service import ClaimService
+
+    class Driver(dra.Driver):
+        driver_name = DRIVER
+
+        async def devices(self) -> AsyncIterator[Sequence[dra.Device]]:
+            yield []
+
+    events: list[str] = []
+
+    class Recording(Checkpoint):
+        def save(self, *, sync: bool = True) -> None:
+            super().save(sync=sync)
+            events.append(f"save sync={sync}")
+
+        def sync(self) -> None:
+            super().sync()
+            events.append("sync")
+
+    checkpoint = Recording(tmp_path / "c.json", DRIVER)
+    checkpoint.claims = {f"uid-{i:04d}": _claim(i) for i in range(3)}
+    checkpoint.save()
+    events.clear()
+    service = ClaimService(
+        Driver(),
+        driver_name=DRIVER,
+        node_name="node-a",
+        kube=None,
+        checkpoint=checkpoint,
+        cdi=CdiWriter(tmp_path / "cdi", DRIVER),
+        devices=dict,
+    )
+    claims = [v1.Claim(namespace="default", name=f"claim-{i}", uid=f"uid-{i:04d}") for i in (0, 1)]
+    answer = await service.unprepare(v1.NodeUnprepareResourcesRequest(claims=claims))
+    assert [answer.claims[c.uid].error for c in claims] == ["", ""]
+    on_disk = Checkpoint(checkpoint.path, DRIVER)
+    on_disk.load()
+    assert list(on_disk.claims) == ["uid-0002"]  # in the file when answered
+    assert "sync" not in events
+    assert service._syncing is not None
+    await service._syncing
+    assert events[-1] == "sync"
+    assert events.count("sync") == 1  # one fsync for the call's claims

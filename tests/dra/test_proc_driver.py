@@ -150,3 +150,32 @@ async def test_an_unprepare_whose_checkpoint_cannot_be_saved_fails_and_is_retrie
     assert ref[2] not in checkpoint
     with contextlib.suppress(FileNotFoundError):
         assert not list(proc.path(proc.plugin_dir).glob(".checkpoint.json.*.tmp"))
+
+
+async def test_a_driver_killed_right_after_an_answered_unprepare_does_not_bring_it_back(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, procs: list[Proc]
+) -> None:
+    # the checkpoint's fsync after an unprepare is off the call's path: the answer comes
+    # once the file without the claim is in place, so a restart never resurrects it
+    ref = _claim(api, f"gone-{node_name}", node_name)
+    (kdir / "state").mkdir()
+    (kdir / "state" / "go").touch()  # the prepare hook does not wait here
+    first = Proc(kdir, kubeconfig, node_name)
+    procs.append(first)
+    await first.ready()
+    assert (await clients.prepare(first.dra_sock, [ref])).claims[ref[2]].error == ""
+    assert (await clients.unprepare(first.dra_sock, [ref])).claims[ref[2]].error == ""
+    first.process.kill()  # at once: no clean stop, no later fsync of ours to rely on
+    first.process.wait()
+    (kdir / "plugins_registry" / f"{DRIVER}-reg.sock").unlink()  # left by the killed one
+    second = Proc(kdir, kubeconfig, node_name)
+    procs.append(second)
+    await second.ready()
+    assert ref[2] not in (first.plugin_dir / "checkpoint.json").read_text()
+    # the device is free: another claim on it prepares (a resurrected entry would hold it)
+    other = _claim(api, f"next-{node_name}", node_name)
+    answer = (await clients.prepare(second.dra_sock, [other])).claims[other[2]]
+    assert answer.error == ""
+    assert [d.device_name for d in answer.devices] == ["gpu-0"]
+    journal = (kdir / "state" / "journal").read_text().splitlines()
+    assert journal == [f"unprepare {ref[2]}"]  # undone once, not again at the restart

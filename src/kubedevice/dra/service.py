@@ -105,7 +105,9 @@ class ClaimService:
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
         self._save_lock = asyncio.Lock()
         self._changes = 0  # checkpoint changes made
-        self._saved = 0  # of which saved
+        self._saved = 0  # of which saved (every process sees them)
+        self._synced = 0  # of which fsynced (a power loss keeps them)
+        self._syncing: asyncio.Task[None] | None = None
         #: The node's claims lock around each call (:mod:`kubedevice.dra.handover`).
         self.shared = SharedClaims(
             claims_lock, checkpoint, lambda claims: _call_hook(driver.restore, claims)
@@ -393,7 +395,9 @@ class ClaimService:
         )
         del table[uid]
         try:
-            await self._save()
+            # answered once every process sees it (a restarted driver does not bring the
+            # claim back); the fsync follows at once, off the call's path
+            await self._save(sync=False)
         except OSError as exc:
             table[uid] = prepared  # forgotten only once that is on disk
             raise ClaimError(
@@ -437,17 +441,42 @@ class ClaimService:
             if users[0] == 0:
                 del self._locks[uid]
 
-    async def _save(self) -> None:
+    async def _save(self, *, sync: bool = True) -> None:
         """Save the checkpoint with this change; one write serves every change made
-        while the previous write ran (claims of one call are saved together)."""
+        while the previous write ran (claims of one call are saved together).
+
+        With ``sync=False`` the file is replaced without the fsync before the rename: the
+        change is in the file every process reads once this returns, and :meth:`_sync_soon`
+        makes it durable right after (a prepare's save, which is synced, waits for it).
+        """
         self._changes += 1
         mine = self._changes
         async with self._save_lock:
-            if self._saved >= mine:
-                return
-            upto = self._changes
-            await asyncio.to_thread(self.checkpoint.save)
-            self._saved = upto
+            if self._saved < mine:
+                upto = self._changes
+                await asyncio.to_thread(self.checkpoint.save, sync=sync)
+                self._saved = upto
+                if sync:
+                    self._synced = upto
+            elif sync and self._synced < mine:  # written by an unsynced save: sync it
+                upto = self._saved
+                await asyncio.to_thread(self.checkpoint.sync)
+                self._synced = upto
+        if self._synced < mine and self._syncing is None:
+            self._syncing = asyncio.create_task(self._sync_soon(), name="sync the checkpoint")
+
+    async def _sync_soon(self) -> None:
+        """fsync what unsynced saves wrote (the file, then its directory)."""
+        try:
+            async with self._save_lock:
+                upto = self._saved
+                if self._synced < upto:
+                    await asyncio.to_thread(self.checkpoint.sync)
+                    self._synced = upto
+        except OSError as exc:  # the next synced save writes (and syncs) it all again
+            log.error("cannot fsync the checkpoint: %s", exc)
+        finally:
+            self._syncing = None
 
 
 def _ref(raw: v1.Claim) -> ClaimRef:
