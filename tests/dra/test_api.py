@@ -27,6 +27,7 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "claims",
         "classes",
         "counters",
+        "credentials",
         "driver",
         "files",
         "handover",

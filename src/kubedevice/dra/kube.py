@@ -1,9 +1,12 @@
 """The kit's one door to the Kubernetes API: ResourceClaims (and their status), ResourceSlices,
 the Node.
 
-Uses the official ``kubernetes`` client (the ``dra`` extra) for credentials and TLS, imported
-when a driver connects, with plain JSON dicts in and out (no generated models: a field newer
-than the client is never dropped). Every failure is a :class:`~kubedevice.errors.KubeApiError`
+Reads the credentials itself (:mod:`kubedevice.dra.credentials`: the service account, and
+kubeconfigs with tokens, client certificates or basic auth) and calls with ``urllib3``; only
+a kubeconfig that needs a credential plugin (``exec``, ``auth-provider``) or a proxy is
+loaded with the official ``kubernetes`` client (the ``dra`` extra), imported only then.
+Plain JSON dicts in and out (no generated models: a field newer than the client is never
+dropped). Every failure is a :class:`~kubedevice.errors.KubeApiError`
 with the HTTP status (0: not reached, or no complete answer in time).
 
 The calls are coroutines. Each runs in this client's own bounded thread pool, never in the
@@ -28,7 +31,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
+from urllib.parse import quote, urlencode
 
+from kubedevice import __version__
+from kubedevice.dra.credentials import Credentials, read_credentials
 from kubedevice.errors import ConfigError, KubeApiError
 from kubedevice.kubeconfig import resolve_kubeconfig
 
@@ -115,27 +121,27 @@ class KubeClient:
     """A small client for the calls a DRA driver makes. Build it with :meth:`connect`.
 
     Args:
-        api_client: A ``kubernetes.client.ApiClient`` (credentials, TLS, the server).
+        endpoint: The server, its credentials and its connection pool.
         deadline_s: The total time of one call, retries included.
         workers: Threads for API calls.
     """
 
     def __init__(
         self,
-        api_client: Any,
+        endpoint: _Endpoint,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
         workers: int = API_WORKERS,
     ) -> None:
         import urllib3
 
-        self._api = api_client
+        self._endpoint = endpoint
         self.deadline_s = deadline_s
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
         self._watches: set[_Watch] = set()
         self._lock = threading.Lock()
         self._closed = False
-        manager = api_client.rest_client.pool_manager
+        manager = endpoint.pool_manager
         manager.pool_classes_by_scheme = {
             "http": type(
                 "TrackedHTTPConnectionPool",
@@ -159,32 +165,14 @@ class KubeClient:
         (:func:`kubedevice.kubeconfig.resolve_kubeconfig`).
 
         Raises:
-            ConfigError: The client is not installed, there is no kubeconfig (and this is
-                not a pod), or it cannot be loaded.
+            ConfigError: There is no kubeconfig (and this is not a pod), it cannot be
+                loaded, or it needs the official client and that is not installed.
         """
-        try:
-            import kubernetes.client
-            import kubernetes.config
-        except ImportError:
-            raise ConfigError(
-                "DRA drivers need the Kubernetes client: pip install 'kubedevice[dra]'"
-            ) from None
         path = resolve_kubeconfig(kubeconfig)
-        configuration = kubernetes.client.Configuration()
-        try:
-            if path is not None:
-                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(path), client_configuration=configuration
-                )
-            else:
-                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-        except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
-            where = f"kubeconfig {path}" if path else "in-cluster configuration"
-            raise ConfigError(f"cannot load the {where}: {exc}") from None
-        configuration.retries = False  # the tries are ours, inside the deadline
-        return cls(kubernetes.client.ApiClient(configuration), deadline_s=deadline_s)
+        credentials = read_credentials(path)
+        if credentials is not None:
+            return cls(_OwnEndpoint(credentials), deadline_s=deadline_s)
+        return cls(_ClientEndpoint.load(path), deadline_s=deadline_s)
 
     def close(self) -> None:
         """End the calls in flight (they fail at once) and close the connections."""
@@ -194,7 +182,7 @@ class KubeClient:
         for watch in watches:
             watch.fire()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._api.close()
+        self._endpoint.close()
 
     # ---- the calls -----------------------------------------------------------------
 
@@ -347,14 +335,7 @@ class KubeClient:
     ) -> dict[str, Any]:
         import urllib3
 
-        _method, url, headers, _body, _post = self._api.param_serialize(
-            method,
-            path,
-            query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
+        url, headers = self._endpoint.request(path, query or [], content_type)
         left = max(end - time.monotonic(), 0.01)
         response = self._manager.request(
             method,
@@ -405,3 +386,96 @@ def _reason(data: bytes | None) -> str:
         return str(status["message"])
     except (TypeError, ValueError, KeyError):
         return (data or b"").decode("utf-8", "replace")[:200]
+
+
+class _Endpoint:
+    """The server's URL, the headers of a call (credentials included) and the pool."""
+
+    pool_manager: Any
+
+    def request(
+        self, path: str, query: list[tuple[str, str]], content_type: str
+    ) -> tuple[str, dict[str, str]]:
+        """The URL and headers of one call."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.pool_manager.clear()
+
+
+class _OwnEndpoint(_Endpoint):
+    """Credentials read by :mod:`kubedevice.dra.credentials`."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+        self.pool_manager = credentials.pool_manager()
+
+    def request(
+        self, path: str, query: list[tuple[str, str]], content_type: str
+    ) -> tuple[str, dict[str, str]]:
+        url = self.credentials.server + quote(path, safe="/:@!$&'()*+,;=-._~")
+        if query:
+            url += "?" + urlencode(query)
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": content_type,
+            "User-Agent": f"kubedevice/{__version__}",
+        }
+        authorization = self.credentials.authorization()
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        return url, headers
+
+    def close(self) -> None:
+        super().close()
+        self.credentials.close()
+
+
+class _ClientEndpoint(_Endpoint):
+    """The official client's ``ApiClient`` (credential plugins, proxies)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._api = api_client
+        self.pool_manager = api_client.rest_client.pool_manager
+
+    @classmethod
+    def load(cls, path: Path | None) -> _ClientEndpoint:
+        """Raises: ConfigError: not installed, or the configuration cannot be loaded."""
+        try:
+            import kubernetes.client
+            import kubernetes.config
+        except ImportError:
+            raise ConfigError(
+                "this kubeconfig needs the Kubernetes client: pip install 'kubedevice[dra]'"
+            ) from None
+        configuration = kubernetes.client.Configuration()
+        try:
+            if path is not None:
+                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=str(path), client_configuration=configuration
+                )
+            else:
+                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+        except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+            where = f"kubeconfig {path}" if path else "in-cluster configuration"
+            raise ConfigError(f"cannot load the {where}: {exc}") from None
+        configuration.retries = False  # the tries are ours, inside the deadline
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    def request(
+        self, path: str, query: list[tuple[str, str]], content_type: str
+    ) -> tuple[str, dict[str, str]]:
+        _method, url, headers, _body, _post = self._api.param_serialize(
+            "GET",
+            path,
+            query_params=query,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            auth_settings=["BearerToken"],
+        )
+        return str(url), dict(headers)
+
+    def close(self) -> None:
+        self._api.close()

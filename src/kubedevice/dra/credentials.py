@@ -1,0 +1,236 @@
+"""The API server and credentials of a DRA driver, read without the ``kubernetes`` package.
+
+The common cases are read here: the pod's service account (its token read again whenever
+the kubelet rotates the file) and a kubeconfig whose user has a ``token``, a ``tokenFile``,
+a client certificate and key (files or ``-data``) or ``username``/``password``, whose
+cluster has a ``server``, a CA (file or ``-data``), ``tls-server-name`` or
+``insecure-skip-tls-verify``. Relative paths are relative to the kubeconfig's directory, as
+kubectl reads them. Anything else (a credential plugin: ``exec``, ``auth-provider``; a
+``proxy-url``) gives ``None``: the official client, imported only then, handles it. The
+official client's import holds about 20 MB of memory for the life of the process (its
+generated models), which a driver with these credentials does not pay.
+
+Client certificate and key data are handed to TLS through anonymous memory files
+(``memfd_create``), never written to disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from kubedevice.errors import ConfigError
+
+__all__ = ["IN_CLUSTER_DIR", "Credentials", "read_credentials"]
+
+#: A pod's service-account files (token, ca.crt).
+IN_CLUSTER_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@dataclass
+class Credentials:
+    """Where the API server is and how to authenticate to it.
+
+    Attributes:
+        server: The API server's base URL (``https://host:port``, no trailing ``/``).
+        ca_file: The CA bundle to verify the server with (``None``: the system's).
+        cert_file: The client certificate (PEM), if any.
+        key_file: The client key (PEM), if any.
+        insecure: Do not verify the server's certificate.
+        tls_server_name: The name to verify the server's certificate against.
+        token: A bearer token.
+        token_file: A file with the bearer token, read again when it changes.
+        basic: ``(user, password)`` for basic authentication.
+    """
+
+    server: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure: bool = False
+    tls_server_name: str | None = None
+    token: str | None = None
+    token_file: Path | None = None
+    basic: tuple[str, str] | None = None
+    _fds: list[int] = field(default_factory=list, repr=False)
+    _token_seen: tuple[int, int] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header's value (a token file is read again when changed).
+
+        Raises:
+            OSError: The token file cannot be read.
+        """
+        if self.token_file is not None:
+            st = os.stat(self.token_file)
+            with self._lock:
+                if self._token_seen != (st.st_mtime_ns, st.st_size) or self.token is None:
+                    self.token = self.token_file.read_text().strip()
+                    self._token_seen = (st.st_mtime_ns, st.st_size)
+        if self.token:
+            return f"Bearer {self.token}"
+        if self.basic is not None:
+            raw = f"{self.basic[0]}:{self.basic[1]}".encode()
+            return f"Basic {base64.b64encode(raw).decode()}"
+        return None
+
+    def pool_manager(self) -> Any:
+        """A ``urllib3.PoolManager`` with this TLS configuration."""
+        import urllib3
+
+        kwargs: dict[str, Any] = {"maxsize": 8}
+        if self.insecure:
+            kwargs["cert_reqs"] = "CERT_NONE"
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        else:
+            kwargs["cert_reqs"] = "CERT_REQUIRED"
+            if self.ca_file is not None:
+                kwargs["ca_certs"] = self.ca_file
+        if self.cert_file is not None:
+            kwargs["cert_file"] = self.cert_file
+            kwargs["key_file"] = self.key_file
+        if self.tls_server_name:
+            kwargs["server_hostname"] = self.tls_server_name
+            kwargs["assert_hostname"] = self.tls_server_name
+        return urllib3.PoolManager(**kwargs)
+
+    def close(self) -> None:
+        """Close the memory files that hold certificate or key data."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+
+def read_credentials(kubeconfig: Path | None) -> Credentials | None:
+    """The credentials of ``kubeconfig`` (``None``: the pod's service account).
+
+    Returns:
+        ``None`` when they need the official client (a credential plugin, a proxy).
+
+    Raises:
+        ConfigError: The kubeconfig cannot be read, or does not say what it must.
+    """
+    if kubeconfig is None:
+        return _in_cluster()
+    import yaml
+
+    try:
+        doc = yaml.safe_load(kubeconfig.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read kubeconfig {kubeconfig}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"kubeconfig {kubeconfig} is not a YAML mapping")
+    current = doc.get("current-context")
+    if not isinstance(current, str) or not current:
+        return None  # the official client says what is wrong
+    context = _named(doc, "contexts", current)
+    if context is None:
+        return None
+    cluster = _named(doc, "clusters", str(context.get("cluster", "")))
+    user = _named(doc, "users", str(context.get("user", ""))) if context.get("user") else {}
+    if cluster is None or user is None:
+        return None
+    if set(user) - _USER_KEYS or set(cluster) - _CLUSTER_KEYS:
+        return None  # exec, auth-provider, proxy-url, impersonation...: the official client
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server.startswith(("https://", "http://")):
+        return None
+    base = kubeconfig.parent
+    creds = Credentials(
+        server=server.rstrip("/"),
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        tls_server_name=cluster.get("tls-server-name") or None,
+    )
+    try:
+        creds.ca_file = _file_or_data(creds, base, cluster, "certificate-authority")
+        creds.cert_file = _file_or_data(creds, base, user, "client-certificate")
+        creds.key_file = _file_or_data(creds, base, user, "client-key")
+        if user.get("token"):
+            creds.token = str(user["token"])
+        elif user.get("tokenFile"):
+            creds.token_file = base / str(user["tokenFile"])
+        elif user.get("username") is not None:
+            creds.basic = (str(user["username"]), str(user.get("password", "")))
+        creds.authorization()  # a token file that cannot be read fails now
+    except (OSError, ValueError, binascii.Error) as exc:
+        creds.close()
+        raise ConfigError(f"cannot load kubeconfig {kubeconfig}: {exc}") from None
+    return creds
+
+
+_USER_KEYS: Final = frozenset(
+    {
+        "token",
+        "tokenFile",
+        "client-certificate",
+        "client-certificate-data",
+        "client-key",
+        "client-key-data",
+        "username",
+        "password",
+        "extensions",
+    }
+)
+_CLUSTER_KEYS: Final = frozenset(
+    {
+        "server",
+        "certificate-authority",
+        "certificate-authority-data",
+        "insecure-skip-tls-verify",
+        "tls-server-name",
+        "extensions",
+    }
+)
+
+
+def _named(doc: dict[str, Any], key: str, name: str) -> dict[str, Any] | None:
+    for entry in doc.get(key) or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            inner = entry.get(key.rstrip("s"))
+            return inner if isinstance(inner, dict) else {}
+    return None
+
+
+def _file_or_data(creds: Credentials, base: Path, section: dict[str, Any], key: str) -> str | None:
+    """``section[key]`` (a path, relative to ``base``), or ``section[key-data]`` (base64 PEM)
+    in an anonymous memory file; ``None`` if neither is set."""
+    data = section.get(f"{key}-data")
+    if data:
+        fd = os.memfd_create(key, os.MFD_CLOEXEC)
+        creds._fds.append(fd)
+        os.write(fd, base64.b64decode(str(data), validate=True))
+        return f"/proc/self/fd/{fd}"
+    path = section.get(key)
+    if path:
+        full = base / str(path)
+        if not full.is_file():
+            raise FileNotFoundError(f"{key} {full} does not exist")
+        return str(full)
+    return None
+
+
+def _in_cluster() -> Credentials:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        raise ConfigError(
+            "not in a pod: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set"
+        )
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
+    token = IN_CLUSTER_DIR / "token"
+    ca = IN_CLUSTER_DIR / "ca.crt"
+    if not ca.is_file():
+        raise ConfigError(f"the service account's CA {ca} does not exist")
+    creds = Credentials(server=f"https://{host}:{port}", ca_file=str(ca), token_file=token)
+    try:
+        creds.authorization()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the service account token {token}: {exc}") from None
+    return creds

@@ -1,0 +1,165 @@
+"""The DRA kit's own credentials (no ``kubernetes`` package on the common paths), against a
+real API server: a token, a rotated token file, client certificate data held in memory, and
+a credential plugin that still goes to the official client."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubedevice.dra import kube as kube_module
+from kubedevice.dra.credentials import read_credentials
+from kubedevice.dra.kube import KubeClient
+from kubedevice.errors import ConfigError, KubeApiError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _admin(kubeconfig: Path) -> tuple[str, Path, str]:
+    """(server, CA file, token) of the fixture's admin kubeconfig."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    cluster = doc["clusters"][0]["cluster"]
+    return (
+        cluster["server"],
+        Path(cluster["certificate-authority"]),
+        doc["users"][0]["user"]["token"],
+    )
+
+
+def _kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+async def _nodes_ok(client: KubeClient) -> None:
+    try:
+        answer = await client._async("GET", "/api/v1/nodes")
+        assert answer["kind"] == "NodeList"
+    finally:
+        client.close()
+
+
+def test_a_token_kubeconfig_needs_no_official_client(kubeconfig: Path) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from kubedevice.dra.kube import KubeClient\n"
+        "c = KubeClient.connect(Path(sys.argv[1]))\n"
+        "n = asyncio.run(c._async('GET', '/api/v1/nodes'))\n"
+        "c.close()\n"
+        "print(n['kind'], 'kubernetes' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(kubeconfig)], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["NodeList", "False"]
+
+
+async def test_client_certificate_data_is_used_from_memory(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    server, ca, _ = _admin(kubeconfig)
+    pki = ca.parent
+
+    def data(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    path = _kubeconfig(
+        tmp_path / "kc",
+        {"server": server, "certificate-authority-data": data("ca.crt")},
+        {
+            "client-certificate-data": data("apiserver-kubelet-client.crt"),
+            "client-key-data": data("apiserver-kubelet-client.key"),
+        },
+    )
+    credentials = read_credentials(path)
+    assert credentials is not None
+    assert credentials.cert_file is not None
+    assert credentials.cert_file.startswith("/proc/self/fd/")  # a memfd, not a file on disk
+    credentials.close()
+    assert list(tmp_path.iterdir()) == [path]
+    await _nodes_ok(KubeClient.connect(path))
+
+
+async def test_a_token_file_is_read_again_when_it_changes(kubeconfig: Path, tmp_path: Path) -> None:
+    server, ca, token = _admin(kubeconfig)
+    (tmp_path / "ca.crt").write_bytes(ca.read_bytes())
+    (tmp_path / "token").write_text("not-the-token\n")
+    path = _kubeconfig(  # relative paths: relative to the kubeconfig's directory
+        tmp_path / "kc",
+        {"server": server, "certificate-authority": "ca.crt"},
+        {"tokenFile": "token"},
+    )
+    client = KubeClient.connect(path)
+    try:
+        with pytest.raises(KubeApiError) as failed:
+            await client._async("GET", "/api/v1/nodes")
+        assert failed.value.status == 401
+        (tmp_path / "token").write_text(token + "\n")  # rotated, as the kubelet does
+        answer = await client._async("GET", "/api/v1/nodes")
+        assert answer["kind"] == "NodeList"
+    finally:
+        client.close()
+
+
+async def test_a_credential_plugin_goes_to_the_official_client(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    server, ca, token = _admin(kubeconfig)
+    credential = json.dumps(
+        {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "kind": "ExecCredential",
+            "status": {"token": token},
+        }
+    )
+    path = _kubeconfig(
+        tmp_path / "kc",
+        {"server": server, "certificate-authority": str(ca)},
+        {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "command": "echo",
+                "args": [credential],
+                "interactiveMode": "Never",
+            }
+        },
+    )
+    assert read_credentials(path) is None
+    client = KubeClient.connect(path)
+    assert isinstance(client._endpoint, kube_module._ClientEndpoint)
+    await _nodes_ok(client)
+
+
+def test_bad_kubeconfigs_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = _kubeconfig(
+        tmp_path / "kc",
+        {"server": "https://127.0.0.1:1", "certificate-authority": "nope.crt"},
+        {"token": "t"},
+    )
+    with pytest.raises(ConfigError, match=r"certificate-authority .*nope\.crt does not exist"):
+        read_credentials(missing)
+    (tmp_path / "bad").write_text("- a list\n")
+    with pytest.raises(ConfigError, match="is not a YAML mapping"):
+        read_credentials(tmp_path / "bad")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="not in a pod"):
+        read_credentials(None)
