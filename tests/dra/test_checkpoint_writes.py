@@ -3,10 +3,12 @@ either version reads the other's files), a changed claim written anew, the fsync
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -153,6 +155,7 @@ async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
             yield []
 
     events: list[str] = []
+    gate = threading.Event()
 
     class Recording(Checkpoint):
         def save(self, *, sync: bool = True) -> None:
@@ -160,6 +163,7 @@ async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
             events.append(f"save sync={sync}")
 
         def sync(self) -> None:
+            assert gate.wait(10)  # held until the test has its answer
             super().sync()
             events.append("sync")
 
@@ -177,13 +181,17 @@ async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
         devices=dict,
     )
     claims = [v1.Claim(namespace="default", name=f"claim-{i}", uid=f"uid-{i:04d}") for i in (0, 1)]
-    answer = await service.unprepare(v1.NodeUnprepareResourcesRequest(claims=claims))
+    # answered while the fsync is held: the answer does not wait for it
+    answer = await asyncio.wait_for(
+        service.unprepare(v1.NodeUnprepareResourcesRequest(claims=claims)), 5
+    )
     assert [answer.claims[c.uid].error for c in claims] == ["", ""]
     on_disk = Checkpoint(checkpoint.path, DRIVER)
     on_disk.load()
     assert list(on_disk.claims) == ["uid-0002"]  # in the file when answered
     assert events == ["save sync=False"]  # one write for the call's claims, not synced yet
     assert service._syncing is not None
+    gate.set()
     await service._syncing
     assert events[-1] == "sync"
     assert events.count("sync") == 1  # one fsync for the call's claims

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubedevice.dra import kube as kube_module
-from kubedevice.dra.credentials import read_credentials
+from kubedevice.dra.credentials import ClientEndpoint, read_credentials
 from kubedevice.dra.kube import KubeClient
 from kubedevice.errors import ConfigError, KubeApiError
 
@@ -145,7 +144,7 @@ async def test_a_credential_plugin_goes_to_the_official_client(
     )
     assert read_credentials(path) is None
     client = KubeClient.connect(path)
-    assert isinstance(client._endpoint, kube_module._ClientEndpoint)
+    assert isinstance(client._endpoint, ClientEndpoint)
     await _nodes_ok(client)
 
 

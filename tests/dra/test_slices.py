@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import uuid
 from pathlib import Path
 
@@ -228,6 +229,44 @@ async def test_slices_deleted_behind_the_drivers_back_come_back(
             assert [len(s["spec"]["devices"]) for s in api.slices(DRIVER, node_name)] == [2]
     finally:
         logging.getLogger("kubedevice.dra.slices").removeHandler(seen)
+
+
+async def test_slices_deleted_behind_the_drivers_back_come_back_on_the_watch_not_a_poll(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """The publisher watches its slices: a deletion is reconciled when it happens, with no
+    periodic check to wait for (here: one an hour), and idles with no poll meanwhile."""
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+        publisher = srv.publisher
+        assert publisher is not None
+        publisher.resync_s = 3600.0
+        await asyncio.wait_for(srv.wait_published(), 30)
+        lists = 0
+        listing = publisher.kube.list_slices_at
+
+        async def counted(driver: str, node: str) -> tuple[list[dict], str]:
+            nonlocal lists
+            lists += 1
+            return await listing(driver, node)
+
+        publisher.kube.list_slices_at = counted  # type: ignore[method-assign]
+        async with asyncio.timeout(30):
+            while not publisher.watching:  # the watch starts after the first list
+                publisher.request()
+                await publisher.wait_published()
+        writes, lists_before = publisher.writes, lists
+        for s in api.slices(DRIVER, node_name):
+            api.call("DELETE", f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
+        # (in a thread: the driver runs on this loop) well before an hour
+        await asyncio.to_thread(api.wait_for_slices, DRIVER, node_name, 2, 20)
+        await asyncio.wait_for(publisher.wait_published(), 30)
+        assert publisher.writes == writes + 1
+        # one list for the deletion (and at most one more, for the echo of its own write
+        # when that arrives before the write's answer): no periodic lists
+        assert 1 <= lists - lists_before <= 2
+        assert publisher.watching
+    # the watch ended with the server (no thread left reading)
+    assert not [t for t in threading.enumerate() if t.name == "kube-watch"]
 
 
 def _taints(api: Api, node: str) -> dict[str, list[dict]]:

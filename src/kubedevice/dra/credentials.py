@@ -23,10 +23,19 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote, urlencode
 
+from kubedevice import __version__
 from kubedevice.errors import ConfigError
 
-__all__ = ["IN_CLUSTER_DIR", "Credentials", "read_credentials"]
+__all__ = [
+    "IN_CLUSTER_DIR",
+    "ClientEndpoint",
+    "Credentials",
+    "Endpoint",
+    "OwnEndpoint",
+    "read_credentials",
+]
 
 #: A pod's service-account files (token, ca.crt).
 IN_CLUSTER_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -234,3 +243,96 @@ def _in_cluster() -> Credentials:
     except OSError as exc:
         raise ConfigError(f"cannot read the service account token {token}: {exc}") from None
     return creds
+
+
+class Endpoint:
+    """The server's URL, the headers of a call (credentials included) and the pool."""
+
+    pool_manager: Any
+
+    def request(
+        self, path: str, query: list[tuple[str, str]], content_type: str
+    ) -> tuple[str, dict[str, str]]:
+        """The URL and headers of one call."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.pool_manager.clear()
+
+
+class OwnEndpoint(Endpoint):
+    """Credentials read by :mod:`kubedevice.dra.credentials`."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+        self.pool_manager = credentials.pool_manager()
+
+    def request(
+        self, path: str, query: list[tuple[str, str]], content_type: str
+    ) -> tuple[str, dict[str, str]]:
+        url = self.credentials.server + quote(path, safe="/:@!$&'()*+,;=-._~")
+        if query:
+            url += "?" + urlencode(query)
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": content_type,
+            "User-Agent": f"kubedevice/{__version__}",
+        }
+        authorization = self.credentials.authorization()
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        return url, headers
+
+    def close(self) -> None:
+        super().close()
+        self.credentials.close()
+
+
+class ClientEndpoint(Endpoint):
+    """The official client's ``ApiClient`` (credential plugins, proxies)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._api = api_client
+        self.pool_manager = api_client.rest_client.pool_manager
+
+    @classmethod
+    def load(cls, path: Path | None) -> ClientEndpoint:
+        """Raises: ConfigError: not installed, or the configuration cannot be loaded."""
+        try:
+            import kubernetes.client
+            import kubernetes.config
+        except ImportError:
+            raise ConfigError(
+                "this kubeconfig needs the Kubernetes client: pip install 'kubedevice[dra]'"
+            ) from None
+        configuration = kubernetes.client.Configuration()
+        try:
+            if path is not None:
+                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=str(path), client_configuration=configuration
+                )
+            else:
+                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+        except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+            where = f"kubeconfig {path}" if path else "in-cluster configuration"
+            raise ConfigError(f"cannot load the {where}: {exc}") from None
+        configuration.retries = False  # the tries are ours, inside the deadline
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    def request(
+        self, path: str, query: list[tuple[str, str]], content_type: str
+    ) -> tuple[str, dict[str, str]]:
+        _method, url, headers, _body, _post = self._api.param_serialize(
+            "GET",
+            path,
+            query_params=query,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            auth_settings=["BearerToken"],
+        )
+        return str(url), dict(headers)
+
+    def close(self) -> None:
+        self._api.close()

@@ -31,14 +31,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
-from urllib.parse import quote, urlencode
 
-from kubedevice import __version__
-from kubedevice.dra.credentials import Credentials, read_credentials
-from kubedevice.errors import ConfigError, KubeApiError
+from kubedevice.dra.credentials import ClientEndpoint, Endpoint, OwnEndpoint, read_credentials
+from kubedevice.errors import KubeApiError
 from kubedevice.kubeconfig import resolve_kubeconfig
 
-__all__ = ["API_WORKERS", "DEFAULT_DEADLINE_S", "KubeClient"]
+__all__ = ["API_WORKERS", "DEFAULT_DEADLINE_S", "WATCH_TIMEOUT_S", "KubeClient"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +46,8 @@ _RESOURCE: Final = "/apis/resource.k8s.io/v1"
 DEFAULT_DEADLINE_S: Final = 30.0
 #: Threads for API calls (at most this many calls in flight; more wait their turn).
 API_WORKERS: Final = 8
+#: How long the API server is asked to keep one watch open (it ends it then, or earlier).
+WATCH_TIMEOUT_S: Final = 1800
 #: Tries of a call whose connection could not be made (nothing was sent).
 _TRIES: Final = 3
 _CONNECT_S: Final = 10.0
@@ -128,7 +128,7 @@ class KubeClient:
 
     def __init__(
         self,
-        endpoint: _Endpoint,
+        endpoint: Endpoint,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
         workers: int = API_WORKERS,
@@ -171,8 +171,8 @@ class KubeClient:
         path = resolve_kubeconfig(kubeconfig)
         credentials = read_credentials(path)
         if credentials is not None:
-            return cls(_OwnEndpoint(credentials), deadline_s=deadline_s)
-        return cls(_ClientEndpoint.load(path), deadline_s=deadline_s)
+            return cls(OwnEndpoint(credentials), deadline_s=deadline_s)
+        return cls(ClientEndpoint.load(path), deadline_s=deadline_s)
 
     def close(self) -> None:
         """End the calls in flight (they fail at once) and close the connections."""
@@ -196,13 +196,147 @@ class KubeClient:
 
     async def list_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
         """This driver's ResourceSlices on ``node`` (field selectors on driver and node)."""
+        return (await self.list_slices_at(driver, node))[0]
+
+    async def list_slices_at(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
+        """:meth:`list_slices` and the list's ``resourceVersion`` (to watch from)."""
         answer = await self._async(
             "GET",
             f"{_RESOURCE}/resourceslices",
             query=[("fieldSelector", f"spec.driver={driver},spec.nodeName={node}")],
         )
         items: list[dict[str, Any]] = answer.get("items") or []
-        return items
+        return items, str(answer.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch_slices(
+        self,
+        driver: str,
+        node: str,
+        resource_version: str,
+        on_event: Callable[[str, str], None],
+        *,
+        timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> None:
+        """Watch this driver's ResourceSlices on ``node`` from ``resource_version``: each
+        event's type (``ADDED``, ``MODIFIED``, ``DELETED``) and its object's
+        ``resourceVersion`` go to ``on_event`` on this loop. Returns when the API server
+        ends the watch (after about ``timeout_s``).
+
+        The stream is read by a thread of its own (not one of the API threads: a watch
+        holds its thread for as long as it runs); an idle watch costs no wake-ups.
+        Cancelling the call, or :meth:`close`, ends it at once.
+
+        Raises:
+            KubeApiError: It cannot be made or broke off (status 410: the version is too
+                old, list again).
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        # its error is read here, or nobody waits any more (cancelled): never "unretrieved"
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        watch = _Watch()
+        with self._lock:
+            if self._closed:
+                raise KubeApiError("watch: the API client is closed")
+            self._watches.add(watch)
+        query = [
+            ("fieldSelector", f"spec.driver={driver},spec.nodeName={node}"),
+            ("watch", "1"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(timeout_s)),
+        ]
+
+        def deliver(kind: str, version: str) -> None:
+            if not done.done():
+                on_event(kind, version)
+
+        def finish(error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+        def run() -> None:
+            _current.watch = watch
+            try:
+                self._stream(f"{_RESOURCE}/resourceslices", query, timeout_s, watch, deliver, loop)
+                error: BaseException | None = None
+            except BaseException as exc:  # handed to the awaiting task
+                error = exc
+            finally:
+                _current.watch = None
+                with self._lock:
+                    self._watches.discard(watch)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(finish, error)
+
+        threading.Thread(target=run, name="kube-watch", daemon=True).start()
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            watch.fire()  # the thread's read ends at once
+            raise
+
+    def _stream(
+        self,
+        path: str,
+        query: list[tuple[str, str]],
+        timeout_s: int,
+        watch: _Watch,
+        deliver: Callable[[str, str], None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        import urllib3
+
+        url, headers = self._endpoint.request(path, query, "application/json")
+        try:
+            response = self._manager.request(
+                "GET",
+                url,
+                headers=headers,
+                # the server ends the watch after timeout_s; a read that long silent is a
+                # connection that is gone
+                timeout=urllib3.Timeout(connect=_CONNECT_S, read=timeout_s + 60),
+                retries=False,
+                redirect=False,
+                preload_content=False,
+            )
+        except Exception as exc:
+            raise KubeApiError(f"watch {path}: {_what(exc)}") from None
+        try:
+            status = int(response.status)
+            if not 200 <= status <= 299:
+                raise KubeApiError(
+                    f"watch {path}: {status} {_reason(response.read(65536))}", status=status
+                )
+            buffer = b""
+            while chunk := response.read1(65536):
+                buffer += chunk
+                if len(buffer) > _MAX_BODY:
+                    raise KubeApiError(f"watch {path}: an event over {_MAX_BODY} bytes")
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind = str(event.get("type", ""))
+                    if kind == "ERROR":
+                        code = int(event.get("object", {}).get("code", 0) or 0)
+                        message = event.get("object", {}).get("message", "")
+                        raise KubeApiError(f"watch {path}: {code} {message}", status=code)
+                    meta = event.get("object", {}).get("metadata", {})
+                    loop.call_soon_threadsafe(deliver, kind, str(meta.get("resourceVersion", "")))
+        except KubeApiError:
+            raise
+        except Exception as exc:  # the connection broke, or close() shut it
+            if watch.fired:
+                raise KubeApiError(f"watch {path}: ended (the client is closing)") from None
+            raise KubeApiError(f"watch {path}: {_what(exc)}") from None
+        finally:
+            response.close()  # never back to the pool: a watch's connection is done
+            response.release_conn()
 
     async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a ResourceSlice (``metadata.generateName`` names it, when given)."""
@@ -386,96 +520,3 @@ def _reason(data: bytes | None) -> str:
         return str(status["message"])
     except (TypeError, ValueError, KeyError):
         return (data or b"").decode("utf-8", "replace")[:200]
-
-
-class _Endpoint:
-    """The server's URL, the headers of a call (credentials included) and the pool."""
-
-    pool_manager: Any
-
-    def request(
-        self, path: str, query: list[tuple[str, str]], content_type: str
-    ) -> tuple[str, dict[str, str]]:
-        """The URL and headers of one call."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Close the connections."""
-        self.pool_manager.clear()
-
-
-class _OwnEndpoint(_Endpoint):
-    """Credentials read by :mod:`kubedevice.dra.credentials`."""
-
-    def __init__(self, credentials: Credentials) -> None:
-        self.credentials = credentials
-        self.pool_manager = credentials.pool_manager()
-
-    def request(
-        self, path: str, query: list[tuple[str, str]], content_type: str
-    ) -> tuple[str, dict[str, str]]:
-        url = self.credentials.server + quote(path, safe="/:@!$&'()*+,;=-._~")
-        if query:
-            url += "?" + urlencode(query)
-        headers = {
-            "Accept": "application/json",
-            "Content-Type": content_type,
-            "User-Agent": f"kubedevice/{__version__}",
-        }
-        authorization = self.credentials.authorization()
-        if authorization is not None:
-            headers["Authorization"] = authorization
-        return url, headers
-
-    def close(self) -> None:
-        super().close()
-        self.credentials.close()
-
-
-class _ClientEndpoint(_Endpoint):
-    """The official client's ``ApiClient`` (credential plugins, proxies)."""
-
-    def __init__(self, api_client: Any) -> None:
-        self._api = api_client
-        self.pool_manager = api_client.rest_client.pool_manager
-
-    @classmethod
-    def load(cls, path: Path | None) -> _ClientEndpoint:
-        """Raises: ConfigError: not installed, or the configuration cannot be loaded."""
-        try:
-            import kubernetes.client
-            import kubernetes.config
-        except ImportError:
-            raise ConfigError(
-                "this kubeconfig needs the Kubernetes client: pip install 'kubedevice[dra]'"
-            ) from None
-        configuration = kubernetes.client.Configuration()
-        try:
-            if path is not None:
-                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(path), client_configuration=configuration
-                )
-            else:
-                kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-        except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
-            where = f"kubeconfig {path}" if path else "in-cluster configuration"
-            raise ConfigError(f"cannot load the {where}: {exc}") from None
-        configuration.retries = False  # the tries are ours, inside the deadline
-        return cls(kubernetes.client.ApiClient(configuration))
-
-    def request(
-        self, path: str, query: list[tuple[str, str]], content_type: str
-    ) -> tuple[str, dict[str, str]]:
-        _method, url, headers, _body, _post = self._api.param_serialize(
-            "GET",
-            path,
-            query_params=query,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            auth_settings=["BearerToken"],
-        )
-        return str(url), dict(headers)
-
-    def close(self) -> None:
-        self._api.close()

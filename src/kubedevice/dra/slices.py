@@ -64,7 +64,8 @@ MAX_TAINTED_DEVICES_PER_SLICE: Final = 64
 _API_VERSION: Final = "resource.k8s.io/v1"
 _CONFLICT_RETRIES: Final = 5
 #: Seconds between checks that this driver's slices are still there and as published (a
-#: LIST with field selectors; nothing is written when they are).
+#: LIST with field selectors; nothing is written when they are), while no watch of them
+#: runs; with the watch, a change by anyone else is reconciled when it happens.
 RESYNC_S: Final = 30.0
 #: Right after a (re-)registration the slices are checked this often...
 SETTLE_S: Final = 2.0
@@ -244,6 +245,11 @@ class SlicePublisher:
         #: Asked at every wake (the periodic check included): whether to defer now.
         self.defer_to: Callable[[], bool] | None = None
         self._flipped = asyncio.Event()  # set (and replaced) on each change of deferring
+        self._listed = asyncio.Event()  # a list gave a version to watch from
+        self._listed_version = ""
+        self._own_versions: set[str] = set()  # of slices this publisher wrote
+        #: Whether the watch of the slices runs (then nothing is checked periodically).
+        self.watching = False
 
     def update(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
         """New devices (and the counter sets they consume from): publish them soon."""
@@ -290,9 +296,25 @@ class SlicePublisher:
         await self._published.wait()
 
     async def run(self) -> None:
-        """Reconcile on every :meth:`update`/:meth:`request`; retry failures with backoff."""
+        """Reconcile on every :meth:`update`/:meth:`request` and whenever someone else
+        changes the slices (a watch: no periodic check while it runs); retry failures with
+        backoff."""
+        watcher = asyncio.create_task(self._watch(), name="watch ResourceSlices")
+        try:
+            await self._reconcile_forever()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _reconcile_forever(self) -> None:
         while True:
-            wait_s = SETTLE_S if time.monotonic() < self._settle_until else self.resync_s
+            if time.monotonic() < self._settle_until:
+                wait_s: float | None = SETTLE_S
+            else:
+                # the watch wakes it on every change; while deferring, the periodic wake
+                # also notices a newer instance that is gone (killed: no socket event)
+                wait_s = None if self.watching and not self.deferring else self.resync_s
             with contextlib.suppress(TimeoutError):  # a timeout: the periodic check
                 await asyncio.wait_for(self._dirty.wait(), wait_s)
             self._dirty.clear()
@@ -318,6 +340,44 @@ class SlicePublisher:
             if not self._dirty.is_set():
                 self._published.set()
 
+    async def _watch(self) -> None:
+        """Watch the slices from the last list's version; when the watch ends, list again
+        (what changed meanwhile is reconciled) and watch from there."""
+        backoff = Backoff(initial=1.0, maximum=RESYNC_S)
+        while True:
+            await self._listed.wait()
+            self._listed.clear()
+            self.watching = True
+            try:
+                await self.kube.watch_slices(
+                    self.driver, self.node, self._listed_version, self._on_event
+                )
+                failed: KubeApiError | None = None
+            except KubeApiError as exc:
+                failed = exc
+            finally:
+                self.watching = False
+            self._dirty.set()  # list again: a version to watch from, and what was missed
+            if failed is None or failed.status == 410:  # ended, or too old: list and go on
+                backoff.reset()
+                continue
+            delay = backoff.next_delay()
+            log.info(
+                "watching ResourceSlices failed: %s; checked every %gs until it works "
+                "(again in %.1fs)",
+                failed,
+                self.resync_s,
+                delay,
+            )
+            await asyncio.sleep(delay)
+
+    def _on_event(self, kind: str, version: str) -> None:
+        if version in self._own_versions:
+            return  # the echo of a write of ours
+        log.debug("ResourceSlice %s (version %s) by someone else; reconciling", kind, version)
+        self._published.clear()
+        self._dirty.set()
+
     async def reconcile(self, devices: Sequence[Device]) -> None:
         """Make the slices match ``devices`` now (one pass; conflicts re-list and retry).
 
@@ -336,10 +396,10 @@ class SlicePublisher:
     async def _reconcile_once(self, devices: Sequence[Device]) -> None:
         # This driver's slices of this node's pool, found by their fields, never by name:
         # slices of an earlier version (named <node>-<driver>-<n>) are adopted the same way.
-        existing = sorted(
-            await self.kube.list_slices(self.driver, self.node),
-            key=lambda s: str(s["metadata"].get("name")),
-        )
+        listed, self._listed_version = await self.kube.list_slices_at(self.driver, self.node)
+        self._listed.set()
+        self._own_versions.clear()
+        existing = sorted(listed, key=lambda s: str(s["metadata"].get("name")))
         shared = self.shares_supported
         if self.taints_supported:
             published = [device_object(d, self.taints, shared=shared) for d in devices]
@@ -383,6 +443,7 @@ class SlicePublisher:
                 body["metadata"]["name"] = current["metadata"]["name"]
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                 stored = await self.kube.replace_slice(body)
+            self._own_versions.add(str(stored.get("metadata", {}).get("resourceVersion", "")))
             self.writes += 1
             dropped = dropped or _taints_dropped(body, stored)
             counters_gone = counters_gone or counters.counters_dropped(body, stored)
