@@ -11,7 +11,9 @@ grpcio client calls the driver's v1 DRA socket as the kubelet would:
   first ``NodePrepareResources`` (``prepare``), the same call again (``again``: answered
   from the checkpoint), then ``NodeUnprepareResources`` (``unprepare``), per call in ms;
 * ``held_300`` (generic driver only: it has the devices): the same 1-claim calls while
-  300 other claims are prepared (in the checkpoint) on the node.
+  300 other claims are prepared (in the checkpoint) on the node;
+* ``checkpoint_save``: one synced ``Checkpoint.save()`` with 1 and with 300 claims in it
+  (one claim changed before each), in this process.
 
 Then, with every driver idle and serving, in one window of ``--seconds`` shared by all: CPU
 (``/proc/PID/task/*/schedstat``) and wake-ups (voluntary context switches) per 60 s, RSS
@@ -207,6 +209,44 @@ class Running:
         return round(took, 1)
 
 
+def _checkpoint_saves() -> dict[str, Any]:
+    """p50 ms of one ``Checkpoint.save()`` (synced, as a prepare saves) with 1 and 300 claims
+    in it, each save after one claim changed, in this process."""
+    from types import MappingProxyType
+
+    from kubedevice.dra.checkpoint import Checkpoint
+    from kubedevice.dra.types import ClaimRef, PreparedClaim
+
+    def claim(i: int, n: int = 0) -> PreparedClaim:
+        uid = f"{i:08d}-1111-2222-3333-444455556666"
+        return PreparedClaim(
+            ref=ClaimRef("default", f"claim-{i}", uid),
+            devices=(("gpu", "node-a", f"gpu-{i}"),),
+            cdi_ids=((f"k8s.gpu.example.com/claim={uid}-gpu-{i}",),),
+            share_ids=(None,),
+            data=(MappingProxyType({"slot": i, "n": n}),),
+            edits=(MappingProxyType({"env": [f"GPU={i}"], "deviceNodes": [
+                {"path": f"/dev/nvidia{i}", "permissions": "rw"}]}),),
+            admin_access=(False,),
+        )  # fmt: skip
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        for count in (1, 300):
+            checkpoint = Checkpoint(Path(tmp) / f"c{count}.json", "gpu.example.com")
+            checkpoint.claims = {c.ref.uid: c for c in (claim(i) for i in range(count))}
+            checkpoint.save()
+            took = []
+            for n in range(50):
+                changed = claim(n % count, n + 1)
+                checkpoint.claims[changed.ref.uid] = changed
+                t0 = time.perf_counter_ns()
+                checkpoint.save()
+                took.append((time.perf_counter_ns() - t0) / 1e6)
+            out[f"claims_{count}_p50_ms"] = round(pct(took, 0.5), 3)
+    return out
+
+
 def _serve_floor(directory: str) -> None:
     """The floor (child process): grpc.aio serving registration and DRAPlugin, nothing else."""
     import asyncio
@@ -345,6 +385,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "dra_daemon", "cpu": cpu_model(), "load_1m": round(os.getloadavg()[0], 2),
         "python": sys.version.split()[0], "grpcio": grpc.__version__,
+        "checkpoint_save": _checkpoint_saves(),
         "latency_ms": latency, "idle_window_s": round(elapsed, 1), "idle": idle,
         "sigterm_to_exit_ms": stop,
     }, indent=2))  # fmt: skip

@@ -162,3 +162,27 @@ def test_bad_kubeconfigs_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="not in a pod"):
         read_credentials(None)
+
+
+async def test_the_service_account_of_a_pod(
+    kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from urllib.parse import urlsplit
+
+    from kubedevice.dra import credentials as credentials_module
+    from kubedevice.dra.credentials import OwnEndpoint
+
+    server, ca, token = _admin(kubeconfig)
+    (tmp_path / "ca.crt").write_bytes(ca.read_bytes())
+    (tmp_path / "token").write_text(token)
+    url = urlsplit(server)
+    monkeypatch.setattr(credentials_module, "IN_CLUSTER_DIR", tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", str(url.hostname))
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(url.port))
+    credentials = read_credentials(None)
+    assert credentials is not None
+    assert credentials.server == server
+    await _nodes_ok(KubeClient(OwnEndpoint(credentials)))
+    (tmp_path / "ca.crt").unlink()
+    with pytest.raises(ConfigError, match=r"the service account.s CA .* does not exist"):
+        read_credentials(None)
