@@ -103,7 +103,9 @@ def test_rbac_is_exactly_what_a_driver_needs(component: str) -> None:
             "associated-node:patch",
             "associated-node:update",
         ],
-        ("resource.k8s.io", "resourceslices"): sorted(["list", "watch", "create", "update", "delete"]),
+        ("resource.k8s.io", "resourceslices"): sorted(
+            ["list", "watch", "create", "update", "delete"]
+        ),
         ("", "nodes"): ["get"],
     }
     [driver_rule] = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
-from kubedevice import __version__
 from kubedevice.errors import ConfigError
 
 __all__ = [
@@ -277,7 +276,7 @@ class OwnEndpoint(Endpoint):
         headers = {
             "Accept": "application/json",
             "Content-Type": content_type,
-            "User-Agent": f"kubedevice/{__version__}",
+            "User-Agent": "kubedevice-dra",
         }
         authorization = self.credentials.authorization()
         if authorization is not None:
