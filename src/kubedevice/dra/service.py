@@ -444,12 +444,9 @@ class ClaimService:
 
     async def _save(self, *, sync: bool = True) -> None:
         """Save the checkpoint with this change; one write serves every change made
-        while the previous write ran (claims of one call are saved together).
-
-        With ``sync=False`` the file is replaced without the fsync before the rename: the
-        change is in the file every process reads once this returns, and :meth:`_sync_soon`
-        makes it durable right after (a prepare's save, which is synced, waits for it).
-        """
+        while the previous write ran (claims of one call are saved together). With
+        ``sync=False`` the file every process reads has the change once this returns, and
+        :meth:`_sync_soon` fsyncs it right after (a synced save waits for that)."""
         self._changes += 1
         mine = self._changes
         if not self._save_lock.locked():
