@@ -41,6 +41,7 @@ def test_all_is_complete() -> None:  # its order: ruff's RUF022
         "lock",
         "registration",
         "rules",
+        "saver",
         "runner",
         "server",
         "service",

@@ -190,8 +190,8 @@ async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
     on_disk.load()
     assert list(on_disk.claims) == ["uid-0002"]  # in the file when answered
     assert events == ["save sync=False"]  # one write for the call's claims, not synced yet
-    assert service._syncing is not None
+    assert service.saver.syncing is not None
     gate.set()
-    await service._syncing
+    await service.saver.syncing
     assert events[-1] == "sync"
     assert events.count("sync") == 1  # one fsync for the call's claims

@@ -38,6 +38,7 @@ from kubedevice.dra.handover import SharedClaims
 from kubedevice.dra.kube import KubeClient
 from kubedevice.dra.lock import ClaimsLock
 from kubedevice.dra.rules import check_claim
+from kubedevice.dra.saver import CheckpointSaver
 from kubedevice.dra.taints import TaintPolicy
 from kubedevice.dra.types import (
     MAX_DEVICE_DATA_BYTES,
@@ -103,11 +104,7 @@ class ClaimService:
         self.devices = devices
         self.taints = taints or TaintPolicy(driver_name)
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
-        self._save_lock = asyncio.Lock()
-        self._changes = 0  # checkpoint changes made
-        self._saved = 0  # of which saved (every process sees them)
-        self._synced = 0  # of which fsynced (a power loss keeps them)
-        self._syncing: asyncio.Task[None] | None = None
+        self.saver = CheckpointSaver(checkpoint)
         #: The node's claims lock around each call (:mod:`kubedevice.dra.handover`).
         self.shared = SharedClaims(
             claims_lock, checkpoint, lambda claims: _call_hook(driver.restore, claims)
@@ -150,7 +147,7 @@ class ClaimService:
             await asyncio.to_thread(self.cdi.remove, interrupted.ref.uid)
             del self.checkpoint.preparing[interrupted.ref.uid]
             try:
-                await self._save()
+                await self.saver.save()
             except OSError as exc:  # still "preparing" on disk: undone again next start
                 log.error("cannot save the checkpoint: %s", exc)
         written = 0
@@ -283,7 +280,7 @@ class ClaimService:
         before = self.checkpoint.claims.pop(ref.uid, None)
         self.checkpoint.preparing[ref.uid] = started
         try:
-            await self._save()
+            await self.saver.save()
         except OSError as exc:
             del self.checkpoint.preparing[ref.uid]
             if before is not None:
@@ -305,7 +302,7 @@ class ClaimService:
             await asyncio.to_thread(self.cdi.write, ref.uid, _spec_devices(done) or [])
             self.checkpoint.claims[ref.uid] = done
             del self.checkpoint.preparing[ref.uid]
-            await self._save()
+            await self.saver.save()
         except (OSError, ConfigError) as exc:
             self.checkpoint.claims.pop(ref.uid, None)
             self.checkpoint.preparing[ref.uid] = started
@@ -350,7 +347,7 @@ class ClaimService:
         if self.checkpoint.preparing.pop(ref.uid, None) is None:
             return
         try:
-            await self._save()
+            await self.saver.save()
         except OSError as exc:
             log.error("cannot save the checkpoint: %s", exc)
 
@@ -398,7 +395,7 @@ class ClaimService:
         try:
             # answered once every process sees it (a restarted driver does not bring the
             # claim back); the fsync follows at once, off the call's path
-            await self._save(sync=False)
+            await self.saver.save(sync=False)
         except OSError as exc:
             table[uid] = prepared  # forgotten only once that is on disk
             raise ClaimError(
@@ -441,43 +438,6 @@ class ClaimService:
             users[0] -= 1
             if users[0] == 0:
                 del self._locks[uid]
-
-    async def _save(self, *, sync: bool = True) -> None:
-        """Save the checkpoint with this change; one write serves every change made
-        while the previous write ran (claims of one call are saved together). With
-        ``sync=False`` the file every process reads has the change once this returns, and
-        :meth:`_sync_soon` fsyncs it right after (a synced save waits for that)."""
-        self._changes += 1
-        mine = self._changes
-        if not self._save_lock.locked():
-            # let the other claims of the call make their changes first: one write for all
-            await asyncio.sleep(0)
-        async with self._save_lock:
-            if self._saved < mine:
-                upto = self._changes
-                await asyncio.to_thread(self.checkpoint.save, sync=sync)
-                self._saved = upto
-                if sync:
-                    self._synced = upto
-            elif sync and self._synced < mine:  # written by an unsynced save: sync it
-                upto = self._saved
-                await asyncio.to_thread(self.checkpoint.sync)
-                self._synced = upto
-        if self._synced < mine and self._syncing is None:
-            self._syncing = asyncio.create_task(self._sync_soon(), name="sync the checkpoint")
-
-    async def _sync_soon(self) -> None:
-        """fsync what unsynced saves wrote (the file, then its directory)."""
-        try:
-            async with self._save_lock:
-                upto = self._saved
-                if self._synced < upto:
-                    await asyncio.to_thread(self.checkpoint.sync)
-                    self._synced = upto
-        except OSError as exc:  # the next synced save writes (and syncs) it all again
-            log.error("cannot fsync the checkpoint: %s", exc)
-        finally:
-            self._syncing = None
 
 
 def _ref(raw: v1.Claim) -> ClaimRef:

@@ -1,0 +1,70 @@
+"""Saving the prepared-claim checkpoint from the claim calls: batched, and synced on demand.
+
+:class:`CheckpointSaver` serves every ``save`` made while an earlier write ran with one
+write (the claims of one call are saved together). A save with ``sync=False`` (an
+unprepare's) returns once the file every process reads has the change, and the fsync (file,
+then directory) follows right after in a task of its own, off the call's path; a synced
+save (a prepare's) waits for it, or syncs what an unsynced save wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kubedevice.dra.checkpoint import Checkpoint
+
+__all__ = ["CheckpointSaver"]
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointSaver:
+    """Saves ``checkpoint`` for the claim calls (see the module)."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+        self._lock = asyncio.Lock()
+        self._changes = 0  # checkpoint changes made
+        self._saved = 0  # of which saved (every process sees them)
+        self._synced = 0  # of which fsynced (a power loss keeps them)
+        #: The fsync that follows an unsynced save, while it is pending.
+        self.syncing: asyncio.Task[None] | None = None
+
+    async def save(self, *, sync: bool = True) -> None:
+        """Save the checkpoint with the change just made.
+
+        Raises:
+            OSError: It cannot be written (or, with ``sync``, synced).
+        """
+        self._changes += 1
+        mine = self._changes
+        if not self._lock.locked():
+            # let the other claims of the call make their changes first: one write for all
+            await asyncio.sleep(0)
+        async with self._lock:
+            if self._saved < mine:
+                upto = self._changes
+                await asyncio.to_thread(self.checkpoint.save, sync=sync)
+                self._saved = upto
+                if sync:
+                    self._synced = upto
+            elif sync and self._synced < mine:  # written by an unsynced save: sync it
+                upto = self._saved
+                await asyncio.to_thread(self.checkpoint.sync)
+                self._synced = upto
+        if self._synced < mine and self.syncing is None:
+            self.syncing = asyncio.create_task(self._sync_soon(), name="sync the checkpoint")
+
+    async def _sync_soon(self) -> None:
+        """fsync what unsynced saves wrote (the file, then its directory)."""
+        try:
+            async with self._lock:
+                upto = self._saved
+                if self._synced < upto:
+                    await asyncio.to_thread(self.checkpoint.sync)
+                    self._synced = upto
+        except OSError as exc:  # the next synced save writes (and syncs) it all again
+            log.error("cannot fsync the checkpoint: %s", exc)
+        finally:
+            self.syncing = None
