@@ -8,7 +8,8 @@ ports, and stopped after.
   NodePrepareResources (v1) with 1 and with 8 claims per call, every claim new (allocated
   in the API server beforehand), so each call reads the claims, runs the hook, writes the CDI
   specs and saves the checkpoint; then the same calls again (``again``: answered from the
-  checkpoint, what a second pod sharing a claim gets). Unprepare is not timed.
+  checkpoint, what a second pod sharing a claim gets). Unprepare is timed by
+  ``bench/bench_dra_daemon.py`` (with the drivers' memory and idle CPU).
 * ``publish``: a driver with ``--devices`` devices in this process: from start to every
   slice written (slices written, seconds), then one device changed (generation bump:
   seconds), then a restart adopting the unchanged slices (slices written: 0).
