@@ -133,6 +133,9 @@ async def test_an_instance_without_a_pod_uid_never_runs_beside_one_with(
         if second_uid:
             assert "without a pod UID" in str(caught.value)
             assert "maxSurge: 0" in str(caught.value)
+        else:
+            assert "with pod UIDs" in str(caught.value)
+            assert "set POD_UID or --pod-uid" in str(caught.value)
         assert a.settings.dra_socket.exists()
         info = await asyncio.wait_for(clients.get_info(a.settings.registration_socket), 10)
         assert info.endpoint == str(a.settings.dra_socket)

@@ -90,7 +90,14 @@ class InstanceLock:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _describe(_read(fd))
+            by_upgrade = not self.shared and _can_share(fd)
             os.close(fd)
+            if by_upgrade:
+                raise InstanceLockError(
+                    f"instances of {self.what} with pod UIDs (a DaemonSet rolling with "
+                    f"maxSurge) are running on this node: they hold {self.path}; refusing to "
+                    "start beside them without a pod UID (set POD_UID or --pod-uid)"
+                ) from None
             if self.shared:
                 raise InstanceLockError(
                     f"an instance of {self.what} without a pod UID (an older version, or one "
@@ -100,7 +107,7 @@ class InstanceLock:
                 ) from None
             raise InstanceLockError(
                 f"another instance of {self.what} is running on this node: it holds "
-                f"{self.path} (last written by {holder}); refusing to start"
+                f"{self.path} ({holder}); refusing to start"
             ) from None
         except OSError as exc:
             os.close(fd)
@@ -198,6 +205,16 @@ class ClaimsLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def _can_share(fd: int) -> bool:
+    """Whether the lock's holders hold it shared (taking it shared succeeds; let go)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
 
 
 def _read(fd: int) -> dict[str, Any]:
