@@ -49,10 +49,6 @@ class CdiWriter:
         self.driver_name = driver_name
         self.kind = f"k8s.{driver_name}/claim"
 
-    def cdi_id(self, claim_uid: str, device: str) -> str:
-        """The fully qualified CDI device ID of ``device`` in claim ``claim_uid``."""
-        return f"{self.kind}={claim_uid}-{device}"
-
     def qualified(self, name: str) -> str:
         """The fully qualified CDI device ID of the spec device ``name``."""
         return f"{self.kind}={name}"
