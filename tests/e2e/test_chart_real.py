@@ -75,7 +75,10 @@ def _check_record(cluster: Cluster, ns: str, ds: dict[str, Any], pod: Any) -> di
     for e in rendered["env"]:
         if "value" in e:
             assert got_env.get(e["name"]) == e["value"], e["name"]
-        else:  # only the downward API's node name is rendered (the DRA drivers' NODE_NAME)
+        elif e["name"] == "POD_UID":  # the DRA drivers' sockets are named by it
+            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}, e
+            assert got_env.get("POD_UID") == pod.metadata.uid
+        else:  # the downward API's node name (the DRA drivers' NODE_NAME)
             assert e["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, e
             assert got_env.get(e["name"]) == NODE, e["name"]
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
