@@ -195,3 +195,35 @@ async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
     await service.saver.syncing
     assert events[-1] == "sync"
     assert events.count("sync") == 1  # one fsync for the call's claims
+
+
+@pytest.mark.parametrize(("claims", "on_loop"), [(3, True), (400, False)])
+async def test_an_unsynced_save_of_a_small_file_is_written_on_the_loop(
+    tmp_path: Path, claims: int, on_loop: bool
+) -> None:
+    """A thread hop there and back costs more than writing a small file into the page
+    cache; a big file (or a synced save) is written in a thread, so the loop never waits
+    on the disk."""
+    from kubedevice.dra.saver import ON_LOOP_BYTES, CheckpointSaver
+
+    writers: list[bool] = []
+
+    class Recording(Checkpoint):
+        def save(self, *, sync: bool = True) -> None:
+            writers.append(threading.current_thread() is threading.main_thread())
+            super().save(sync=sync)
+
+    checkpoint = Recording(tmp_path / "c.json", DRIVER)
+    checkpoint.claims = {f"uid-{i:04d}": _claim(i) for i in range(claims)}
+    saver = CheckpointSaver(checkpoint)
+    await saver.save(sync=True)  # the first write: in a thread, synced
+    assert (checkpoint.written_bytes <= ON_LOOP_BYTES) == on_loop
+    del checkpoint.claims["uid-0001"]
+    await saver.save(sync=False)
+    assert writers == [False, on_loop]
+    reread = Checkpoint(checkpoint.path, DRIVER)
+    reread.load()
+    assert "uid-0001" not in reread.claims
+    assert len(reread.claims) == claims - 1
+    if saver.syncing is not None:
+        await saver.syncing

@@ -131,6 +131,11 @@ class Checkpoint:
         write_atomically(self.path, text, mode=0o600, sync=sync)
         self._seen = self._identity()
 
+    @property
+    def written_bytes(self) -> int:
+        """The file's size when this process last read or wrote it (0: none yet)."""
+        return self._seen[3] if self._seen is not None else 0
+
     def sync(self) -> None:
         """Make the last :meth:`save` durable: fsync the file, then its directory.
 

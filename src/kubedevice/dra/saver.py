@@ -2,19 +2,27 @@
 
 :class:`CheckpointSaver` serves every ``save`` made while an earlier write ran with one
 write (the claims of one call are saved together). A save with ``sync=False`` (an
-unprepare's) returns once the file every process reads has the change, and the fsync (file,
-then directory) follows right after in a task of its own, off the call's path; a synced
-save (a prepare's) waits for it, or syncs what an unsynced save wrote.
+unprepare's) returns once the file every process reads has the change (written on the
+event loop while the file is small: a thread hop there and back costs more than the
+write), and the fsync (file, then directory) follows right after in a task of its own, off
+the call's path; a synced save (a prepare's) waits for it, or syncs what an unsynced save
+wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Final
 
 from kubedevice.dra.checkpoint import Checkpoint
 
-__all__ = ["CheckpointSaver"]
+__all__ = ["ON_LOOP_BYTES", "CheckpointSaver"]
+
+#: An unsynced save of a checkpoint last written at most this big is written on the event
+#: loop (no fsync: a write into the page cache and a rename, well under a millisecond);
+#: a bigger one, or a synced one, in a thread, so the loop never waits on the disk.
+ON_LOOP_BYTES: Final = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +53,10 @@ class CheckpointSaver:
         async with self._lock:
             if self._saved < mine:
                 upto = self._changes
-                await asyncio.to_thread(self.checkpoint.save, sync=sync)
+                if sync or self.checkpoint.written_bytes > ON_LOOP_BYTES:
+                    await asyncio.to_thread(self.checkpoint.save, sync=sync)
+                else:  # a small file into the page cache: cheaper than two thread hops
+                    self.checkpoint.save(sync=False)
                 self._saved = upto
                 if sync:
                     self._synced = upto
