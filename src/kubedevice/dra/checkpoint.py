@@ -164,10 +164,15 @@ class Checkpoint:
 
         Call it with the node's claims lock held, so that nobody writes it meanwhile.
         """
-        if self._identity() == self._seen:
+        if not self.changed():
             return False
         self.load()
         return True
+
+    def changed(self) -> bool:
+        """Whether another process replaced the file since this one last read or wrote it
+        (one ``stat``)."""
+        return self._identity() != self._seen
 
     def _identity(self) -> tuple[int, int, int, int] | None:
         try:

@@ -62,8 +62,11 @@ class SharedClaims:
             yield
 
     async def _catch_up(self) -> None:
-        if not self.started or not await asyncio.to_thread(self.checkpoint.reload_if_changed):
+        # a stat on the loop; the file is read (in a thread) only when another instance
+        # replaced it
+        if not self.started or not self.checkpoint.changed():
             return
+        await asyncio.to_thread(self.checkpoint.load)
         self.catch_ups += 1
         claims = list(self.checkpoint.claims.values())
         log.info(

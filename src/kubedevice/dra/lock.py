@@ -142,6 +142,7 @@ class ClaimsLock:
         self.path = path
         self._fd: int | None = None
         self._holders = 0
+        self._made = False  # the plugin dir exists
         self._gate = asyncio.Lock()
         #: Times the lock was found held by another process (it waited).
         self.waits = 0
@@ -174,7 +175,9 @@ class ClaimsLock:
                 self._let_go()
 
     async def _take(self) -> int:
-        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        if not self._made:
+            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            self._made = True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -196,9 +199,8 @@ class ClaimsLock:
         except OSError:
             os.close(fd)
             raise
-        with contextlib.suppress(OSError):  # who holds it is for the messages only
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps({"pid": os.getpid()}) + "\n").encode(), 0)
+        with contextlib.suppress(OSError):  # who holds it, for the messages (fixed width)
+            os.pwrite(fd, f'{{"pid": {os.getpid():>10}}}\n'.encode(), 0)
         return fd
 
     def _let_go(self) -> None:
