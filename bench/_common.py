@@ -244,3 +244,30 @@ def gpu_plugin_command(root: Path) -> list[str]:
         "--pod-resources-socket",
         str(root / "none.sock"),
     ]
+
+
+def cpu_ns_and_wakeups(pid: int) -> tuple[int, int, int]:
+    """(CPU ns, voluntary context switches, threads) summed over the live threads of ``pid``
+    (``/proc/PID/task/*/schedstat``: nanoseconds, so short runs are not rounded to ticks)."""
+    cpu = wakeups = threads = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            cpu += int((task / "schedstat").read_text().split()[0])
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    wakeups += int(line.split()[1])
+            threads += 1
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return cpu, wakeups, threads
+
+
+def memory_mb(pid: int, keys: Iterable[str] = ("Rss", "Pss")) -> dict[str, float]:
+    """``smaps_rollup``'s ``keys`` of ``pid`` in MB (``rss_mb``, ``pss_mb``, ...)."""
+    wanted = set(keys)
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in wanted:
+            out[key.lower() + "_mb"] = round(int(value.split()[0]) / 1024, 1)
+    return out

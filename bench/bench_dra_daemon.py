@@ -49,7 +49,9 @@ from _common import (
     PY,
     ROOT,
     cpu_model,
+    cpu_ns_and_wakeups,
     gpu_plugin_command,
+    memory_mb,
     pct,
     spawn_ready,
     start_emulator,
@@ -274,29 +276,6 @@ def _serve_floor(directory: str) -> None:
     asyncio.run(main())
 
 
-def _sample(pid: int) -> tuple[int, int]:
-    """(CPU ns, voluntary context switches) summed over the live threads of ``pid``."""
-    cpu = wakeups = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            cpu += int((task / "schedstat").read_text().split()[0])
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    wakeups += int(line.split()[1])
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return cpu, wakeups
-
-
-def _memory(pid: int) -> dict[str, float]:
-    out: dict[str, float] = {"threads": float(len(list(Path(f"/proc/{pid}/task").iterdir())))}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("Rss", "Pss"):
-            out[key.lower() + "_mb"] = round(int(value.split()[0]) / 1024, 1)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=40)
@@ -360,17 +339,18 @@ def main() -> None:
             pids = {n: r.proc.pid for n, r in running.items()}
             pids |= {n: p.pid for n, p in others.items()}
             time.sleep(args.settle)  # start-up work done before the window opens
-            before = {n: _sample(pid) for n, pid in pids.items()}
+            before = {n: cpu_ns_and_wakeups(pid) for n, pid in pids.items()}
             t0 = time.monotonic()
             time.sleep(args.seconds)  # the idle window is what is measured
             elapsed = time.monotonic() - t0
-            after = {n: _sample(pid) for n, pid in pids.items()}
+            after = {n: cpu_ns_and_wakeups(pid) for n, pid in pids.items()}
             scale = 60.0 / elapsed
             idle = {
                 n: {
                     "cpu_ms_per_60s": round((after[n][0] - before[n][0]) / 1e6 * scale, 1),
                     "wakeups_per_60s": round((after[n][1] - before[n][1]) * scale),
-                    **_memory(pid),
+                    "threads": float(after[n][2]),
+                    **memory_mb(pid),
                 }
                 for n, pid in pids.items()
             }

@@ -36,6 +36,7 @@ from _common import (
     PY,
     ROOT,
     cpu_model,
+    cpu_ns_and_wakeups,
     serve_bare,
     spawn_ready,
     start_emulator,
@@ -165,21 +166,6 @@ def _serve_grpclib(sock: str, listing: Any) -> None:
 # --------------------------------------------------------------------------- measuring
 
 
-def _cpu_ns_and_wakeups(pid: int) -> tuple[int, int, int]:
-    """(CPU ns, voluntary context switches, threads) summed over the live threads of ``pid``."""
-    cpu = wakeups = threads = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            cpu += int((task / "schedstat").read_text().split()[0])
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    wakeups += int(line.split()[1])
-            threads += 1
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return cpu, wakeups, threads
-
-
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -249,11 +235,11 @@ def main() -> None:
             resource = "example.com/" + ("counter" if name == "sdk-example" else "idle")
             wait_allocatable(env, resource, 4, 30)
         time.sleep(args.settle)  # let start-up work finish before the window opens
-        before = {n: _cpu_ns_and_wakeups(p.pid) for n, p in procs.items()}
+        before = {n: cpu_ns_and_wakeups(p.pid) for n, p in procs.items()}
         t0 = time.monotonic()
         time.sleep(args.seconds)  # the idle window is what is measured
         elapsed = time.monotonic() - t0
-        after = {n: _cpu_ns_and_wakeups(p.pid) for n, p in procs.items()}
+        after = {n: cpu_ns_and_wakeups(p.pid) for n, p in procs.items()}
         scale = 60.0 / elapsed
         result: dict[str, Any] = {
             "bench": "idle",

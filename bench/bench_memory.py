@@ -40,6 +40,7 @@ from _common import (
     ROOT,
     cpu_model,
     gpu_plugin_command,
+    memory_mb,
     start_emulator,
     wait_allocatable,
     write_generic_config,
@@ -124,15 +125,6 @@ def _bare_plugin(directory: str) -> None:
     asyncio.run(main())
 
 
-def _status_mb(pid: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("Rss", "Pss", "Anonymous"):
-            out[key.lower() + "_mb"] = round(int(value.split()[0]) / 1024, 1)
-    return out
-
-
 def _generic_config(root: Path, devices: int) -> Path:
     return write_generic_config(root, "mem", (f"dev{i:04d}" for i in range(devices)))
 
@@ -164,7 +156,7 @@ def _measure(root: Path, name: str, cmd: list[str], resource: str, count: int) -
         plugin = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
         wait_allocatable(env, resource, count, 60)
         time.sleep(1.0)  # let start-up garbage settle before reading the steady state
-        return {"devices": count, **_status_mb(plugin.pid)}
+        return {"devices": count, **memory_mb(plugin.pid, ("Rss", "Pss", "Anonymous"))}
     finally:
         for proc in (plugin, emu):
             if proc is not None:
