@@ -227,7 +227,7 @@ async def test_a_failing_restore_hook_fails_the_start(
     assert not (kdir / "plugins" / DRIVER / "dra.sock").exists()
 
 
-def test_reload_if_changed_reads_only_what_another_instance_wrote(tmp_path: Path) -> None:
+def test_changed_says_only_when_another_instance_wrote(tmp_path: Path) -> None:
     """Two instances share the file: each reads it again only after the other replaced it."""
     path = tmp_path / "checkpoint.json"
     path.write_text(OLD_CHECKPOINT)
@@ -235,16 +235,17 @@ def test_reload_if_changed_reads_only_what_another_instance_wrote(tmp_path: Path
     other = Checkpoint(path, "gpu.test.kubedevice.io")
     mine.load()
     other.load()
-    assert not mine.reload_if_changed()  # nothing changed: a stat, no read
+    assert not mine.changed()  # nothing changed
     mine.save()
-    assert not mine.reload_if_changed()  # its own write
-    assert other.reload_if_changed()  # the other's write
+    assert not mine.changed()  # its own write
+    assert other.changed()  # the other's write
+    other.load()
     assert set(other.claims) == {"uid-old-1"}
     del other.claims["uid-old-1"]
     other.save()
-    assert mine.reload_if_changed()
+    assert mine.changed()
+    mine.load()
     assert mine.claims == {}
-    assert not mine.reload_if_changed()
+    assert not mine.changed()
     path.unlink()
-    assert mine.reload_if_changed()
-    assert mine.claims == {}
+    assert mine.changed()

@@ -21,8 +21,8 @@ whenever the file is sound.
 
 Two instances of a driver on one node (a rolling upgrade) share the file: each takes the
 node's claims lock around its work (:class:`kubedevice.dra.lock.ClaimsLock`) and calls
-:meth:`Checkpoint.reload_if_changed` under it, which reads the file again only when its
-identity (device, inode, mtime, size) differs from what this instance last read or wrote.
+:meth:`Checkpoint.changed` under it, and reads the file again only when its identity
+(device, inode, mtime, size) differs from what this instance last read or wrote.
 """
 
 from __future__ import annotations
@@ -158,20 +158,10 @@ class Checkpoint:
         self._cache[key] = (claim, text)
         return text
 
-    def reload_if_changed(self) -> bool:
-        """Read the file again if another process replaced it since this one last read or
-        wrote it (a ``stat``, no read, when it did not); whether it was read.
-
-        Call it with the node's claims lock held, so that nobody writes it meanwhile.
-        """
-        if not self.changed():
-            return False
-        self.load()
-        return True
-
     def changed(self) -> bool:
         """Whether another process replaced the file since this one last read or wrote it
-        (one ``stat``)."""
+        (one ``stat``, no read). Ask with the node's claims lock held, so that nobody
+        writes it meanwhile, and :meth:`load` it again when it did."""
         return self._identity() != self._seen
 
     def _identity(self) -> tuple[int, int, int, int] | None:
