@@ -41,8 +41,8 @@ from _common import PY, ROOT, cpu_model, pct
 import kubedevice.dra as dra
 from kubedevice._api.dra.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
 from kubedevice._api.pluginregistration.v1 import api_pb2 as reg, api_pb2_grpc as reg_grpc
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.server import DriverServer
+from kubedevice.dra.api.kube import KubeClient
+from kubedevice.dra.node.server import DriverServer
 
 EXAMPLE_DRIVER = "counter.example.com"
 

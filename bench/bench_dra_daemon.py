@@ -216,8 +216,8 @@ def _checkpoint_saves() -> dict[str, Any]:
     in it, each save after one claim changed, in this process."""
     from types import MappingProxyType
 
-    from kubedevice.dra.checkpoint import Checkpoint
-    from kubedevice.dra.types import ClaimRef, PreparedClaim
+    from kubedevice.dra.model.types import ClaimRef, PreparedClaim
+    from kubedevice.dra.state.checkpoint import Checkpoint
 
     def claim(i: int, n: int = 0) -> PreparedClaim:
         uid = f"{i:08d}-1111-2222-3333-444455556666"

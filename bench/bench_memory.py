@@ -56,7 +56,7 @@ IMPORT_STEPS = [
     "kubedevice.plugin.schema",  # the config models' checker (standard library only)
     "kubedevice.generic.runner",  # the generic daemon: config models, discovery, runner
     "kubedevice.nvidia.runner",  # the GPU daemon (its fake backend and config included)
-    "kubedevice.dra.server",  # the DRA kit (its own API client: urllib3, no kubernetes)
+    "kubedevice.dra.node.server",  # the DRA kit (its own API client: urllib3, no kubernetes)
     "kubedevice.nvidia.dra",  # the GPU DRA driver
     "kubedevice.generic.dra",  # the generic DRA driver
     "kubernetes.config",  # the official client: only for exec/auth-provider/proxy kubeconfigs

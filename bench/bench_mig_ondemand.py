@@ -28,8 +28,8 @@ from _common import cpu_model
 from bench_dra import api_server
 
 import kubedevice.dra as dra
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.server import DriverServer
+from kubedevice.dra.api.kube import KubeClient
+from kubedevice.dra.node.server import DriverServer
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver
 from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs

@@ -36,7 +36,7 @@ from bench_dra import api_server
 
 from kubedevice._api.dra.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
 from kubedevice._api.pluginregistration.v1 import api_pb2 as reg, api_pb2_grpc as reg_grpc
-from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.api.kube import KubeClient
 from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
 DRIVER = "gpu.kubedevice.io"

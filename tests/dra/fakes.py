@@ -9,7 +9,7 @@ from pathlib import Path
 from asyncinotify import Inotify, Mask
 
 import kubedevice.dra as dra
-from kubedevice.dra.server import DriverServer
+from kubedevice.dra.node.server import DriverServer
 
 DRIVER = "gpu.test.kubedevice.io"
 

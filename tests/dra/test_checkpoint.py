@@ -15,7 +15,7 @@ from dra import clients
 from dra.api import Api
 from dra.conftest import create_claim, result
 from dra.fakes import DRIVER, FakeDriver, gpus, server
-from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.errors import KubeDeviceError
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from kubedevice.dra import checkpoint as checkpoint_module
-from kubedevice.dra.checkpoint import Checkpoint
-from kubedevice.dra.types import ClaimRef, PreparedClaim
+from kubedevice.dra.model.types import ClaimRef, PreparedClaim
+from kubedevice.dra.state import checkpoint as checkpoint_module
+from kubedevice.dra.state.checkpoint import Checkpoint
 
 DRIVER = "gpu.test.kubedevice.io"
 
@@ -145,8 +145,8 @@ async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
 
     import kubedevice.dra as dra
     from kubedevice._api.dra.v1 import api_pb2 as v1
-    from kubedevice.dra.cdi import CdiWriter
-    from kubedevice.dra.service import ClaimService
+    from kubedevice.dra.node.service import ClaimService
+    from kubedevice.dra.state.cdi import CdiWriter
 
     class Driver(dra.Driver):
         driver_name = DRIVER
@@ -204,7 +204,7 @@ async def test_an_unsynced_save_of_a_small_file_is_written_on_the_loop(
     """A thread hop there and back costs more than writing a small file into the page
     cache; a big file (or a synced save) is written in a thread, so the loop never waits
     on the disk."""
-    from kubedevice.dra.saver import ON_LOOP_BYTES, CheckpointSaver
+    from kubedevice.dra.state.saver import ON_LOOP_BYTES, CheckpointSaver
 
     writers: list[bool] = []
 

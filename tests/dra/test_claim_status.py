@@ -108,11 +108,11 @@ async def test_a_claim_gone_before_its_status_is_written_is_dropped_not_retried(
         await asyncio.wait_for(srv.status.wait_written(uid), 10)
         writes = srv.status.writes
         api.call("DELETE", f"{BASE}/{name}")
-        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.status"):
+        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.api.status"):
             srv.status.prepared([uid])  # again, now that it is gone
             await asyncio.wait_for(srv.status.wait_written(uid), 10)
         assert srv.status.writes == writes
         # caplog holds every logger's records (a slow machine may add others): this one's
-        [line] = [r.getMessage() for r in caplog.records if r.name == "kubedevice.dra.status"]
+        [line] = [r.getMessage() for r in caplog.records if r.name == "kubedevice.dra.api.status"]
         assert "not written" in line
         assert "404" in line

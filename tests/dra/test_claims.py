@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import kubedevice.dra as dra
-from kubedevice.dra.claims import MAX_OPAQUE_BYTES, MAX_RESULTS, claim_from_object
+from kubedevice.dra.api.claims import MAX_OPAQUE_BYTES, MAX_RESULTS, claim_from_object
 
 DRIVER = "gpu.test.kubedevice.io"
 REF = dra.ClaimRef(namespace="ns", name="c", uid="uid-1")

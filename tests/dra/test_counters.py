@@ -16,7 +16,7 @@ import kubedevice.dra as dra
 from dra.api import RESOURCE, Api, ApiError
 from dra.conftest import REPO, api_server
 from dra.fakes import DRIVER, server
-from kubedevice.dra.counters import check_counters
+from kubedevice.dra.model.counters import check_counters
 from kubedevice.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(90)
@@ -187,7 +187,7 @@ async def test_without_partitionable_devices_in_the_api_server_devices_go_withou
         node = f"node-{uuid.uuid4().hex[:8]}"
         api.call("POST", "/api/v1/nodes", {"metadata": {"name": node}})
         devices, sets = partitioned(2, 3)
-        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.slices"):
+        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.api.slices"):
             async with server(PartitionedDriver(devices, sets), kdir, kubeconfig, node) as srv:
                 await asyncio.wait_for(srv.wait_published(), 30)
                 assert srv.publisher is not None

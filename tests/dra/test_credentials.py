@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kubedevice.dra.credentials import ClientEndpoint, read_credentials
-from kubedevice.dra.kube import KubeClient
+from kubedevice.dra.api.credentials import ClientEndpoint, read_credentials
+from kubedevice.dra.api.kube import KubeClient
 from kubedevice.errors import ConfigError, KubeApiError
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,7 +60,7 @@ def test_a_token_kubeconfig_needs_no_official_client(kubeconfig: Path) -> None:
     code = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "from kubedevice.dra.kube import KubeClient\n"
+        "from kubedevice.dra.api.kube import KubeClient\n"
         "c = KubeClient.connect(Path(sys.argv[1]))\n"
         "n = asyncio.run(c._async('GET', '/api/v1/nodes'))\n"
         "c.close()\n"
@@ -169,8 +169,8 @@ async def test_the_service_account_of_a_pod(
 ) -> None:
     from urllib.parse import urlsplit
 
-    from kubedevice.dra import credentials as credentials_module
-    from kubedevice.dra.credentials import OwnEndpoint
+    from kubedevice.dra.api import credentials as credentials_module
+    from kubedevice.dra.api.credentials import OwnEndpoint
 
     server, ca, token = _admin(kubeconfig)
     (tmp_path / "ca.crt").write_bytes(ca.read_bytes())

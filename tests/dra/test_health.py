@@ -41,7 +41,7 @@ async def test_health_stream_sends_the_list_then_every_change(
 async def test_unchanged_list_is_sent_again_before_the_kubelet_times_it_out(
     kdir: Path, kubeconfig: Path, node_name: str
 ) -> None:
-    from kubedevice.dra.health import RESEND_S
+    from kubedevice.dra.node.health import RESEND_S
 
     assert RESEND_S * 2 < 30  # the kubelet's DefaultHealthTimeout
     async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name, publish=False) as srv:
@@ -56,7 +56,7 @@ async def test_unchanged_list_is_sent_again_before_the_kubelet_times_it_out(
 async def test_each_device_carries_why_it_is_unhealthy_and_how_long_to_trust_it(
     kdir: Path, kubeconfig: Path, node_name: str
 ) -> None:
-    from kubedevice.dra.health import TIMEOUT_S
+    from kubedevice.dra.node.health import TIMEOUT_S
 
     devices = gpus(3)
     devices[1] = dra.Device(

@@ -19,7 +19,7 @@ from dra import clients
 from dra.conftest import REPO
 from dra.fakes import DRIVER, FakeDriver, gpus, server
 from dra.slowapi import slow_api
-from kubedevice.dra.kube import API_WORKERS, DEFAULT_DEADLINE_S, KubeClient
+from kubedevice.dra.api.kube import API_WORKERS, DEFAULT_DEADLINE_S, KubeClient
 from kubedevice.errors import KubeApiError
 
 pytestmark = pytest.mark.timeout(90)

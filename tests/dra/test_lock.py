@@ -13,7 +13,7 @@ import pytest
 
 from dra import clients
 from dra.fakes import DRIVER, FakeDriver, gpus, server
-from kubedevice.dra.lock import CLAIMS_LOCK_FILE, LOCK_FILE, ClaimsLock, InstanceLock
+from kubedevice.dra.state.lock import CLAIMS_LOCK_FILE, LOCK_FILE, ClaimsLock, InstanceLock
 from kubedevice.errors import InstanceLockError
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,7 +27,8 @@ def test_a_second_lock_is_refused_naming_the_file_and_the_holder(tmp_path: Path)
     # another process (flock locks belong to the open file: a child opens its own)
     child = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from pathlib import Path; from kubedevice.dra.lock import InstanceLock\n"
+         "import sys; from pathlib import Path\n"
+         "from kubedevice.dra.state.lock import InstanceLock\n"
          "try:\n"
          f"    InstanceLock(Path({str(path)!r}), 'DRA driver x').acquire()\n"
          "except Exception as exc:\n"
@@ -48,7 +49,8 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
     path = tmp_path / LOCK_FILE
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import time; from pathlib import Path; from kubedevice.dra.lock import InstanceLock\n"
+         "import time; from pathlib import Path\n"
+         "from kubedevice.dra.state.lock import InstanceLock\n"
          f"InstanceLock(Path({str(path)!r}), 'x').acquire(); print('held', flush=True)\n"
          "time.sleep(60)\n"],
         stdout=subprocess.PIPE, text=True,

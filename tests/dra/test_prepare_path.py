@@ -22,7 +22,7 @@ from dra import clients
 from dra.api import Api, ApiError
 from dra.conftest import result
 from dra.fakes import DRIVER, FakeDriver, gpus, server
-from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.plugin.cdi import validate_spec
 
 pytestmark = pytest.mark.timeout(60)
@@ -439,7 +439,7 @@ async def test_a_planted_checkpoint_is_moved_aside_and_the_driver_starts_empty(
         target.write_text("{}")
         path.symlink_to(target)
     ref = _claim(api, f"planted-{node_name}", [result("gpu", DRIVER, node_name, "gpu-0")])
-    caplog.set_level(logging.WARNING, logger="kubedevice.dra.checkpoint")
+    caplog.set_level(logging.WARNING, logger="kubedevice.dra.state.checkpoint")
     srv = server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name)
     async with asyncio.timeout(15):  # a FIFO once hung the start here
         await srv.start()

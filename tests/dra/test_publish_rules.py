@@ -14,9 +14,9 @@ import pytest
 
 import kubedevice.dra as dra
 from dra.api import RESOURCE, Api
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.quantity import canonical_quantity
-from kubedevice.dra.slices import SlicePublisher, slice_name
+from kubedevice.dra.api.kube import KubeClient
+from kubedevice.dra.api.slices import SlicePublisher, slice_name
+from kubedevice.dra.model.quantity import canonical_quantity
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,7 +89,7 @@ async def test_devices_the_api_server_would_refuse_are_left_out_and_named(
         dra.Device(name="domain-0", attributes={f"{long_domain}/model": "x"}),
         dra.Device(name="ok-1", attributes={"model": "ü" * 32}),  # 64 bytes: fine
     ]
-    caplog.set_level(logging.WARNING, "kubedevice.dra.slices")
+    caplog.set_level(logging.WARNING, "kubedevice.dra.api.slices")
     await SlicePublisher(kube, "bytes.example.com", node_name).reconcile(devices)
     slices = api.slices("bytes.example.com", node_name)
     assert [d["name"] for s in slices for d in s["spec"]["devices"]] == ["ok-0", "ok-1"]

@@ -17,10 +17,10 @@ from dra import clients
 from dra.api import Api
 from dra.conftest import create_claim, result
 from dra.fakes import DRIVER, FakeDriver, gpus, server, wait_for_path
-from kubedevice.dra.claims import MAX_RESULTS
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.server import DriverServer
-from kubedevice.dra.service import MAX_CLAIMS_PER_CALL
+from kubedevice.dra.api.claims import MAX_RESULTS
+from kubedevice.dra.api.kube import KubeClient
+from kubedevice.dra.node.server import DriverServer
+from kubedevice.dra.node.service import MAX_CLAIMS_PER_CALL
 from kubedevice.errors import KubeDeviceError
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,8 +20,8 @@ from dra import clients
 from dra.api import RESOURCE, Api, ApiError
 from dra.conftest import REPO, api_server, result
 from dra.fakes import DRIVER, FakeDriver, gpus, server
-from kubedevice.dra.capacity import RequestPolicy, quantity_value
-from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.model.capacity import RequestPolicy, quantity_value
+from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(90)
@@ -110,7 +110,7 @@ def test_quantities_are_compared_exactly(text: str | int, value: float) -> None:
 def test_the_api_server_agrees_with_every_verdict(api: Api, node_name: str) -> None:
     """Each policy above sent to the real API server (dry run): accepted exactly when the
     kit accepts it. This is what keeps the kit's rules the API server's."""
-    from kubedevice.dra.slices import device_object
+    from kubedevice.dra.api.slices import device_object
 
     for policy, value, error in POLICIES:
         device = {
@@ -174,7 +174,7 @@ async def test_where_the_api_server_drops_sharing_devices_are_published_unshared
         node = f"node-{uuid.uuid4().hex[:8]}"
         api.call("POST", "/api/v1/nodes", {"metadata": {"name": node}})
         driver = FakeDriver(gpus(2, shared=True))
-        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.slices"):
+        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.api.slices"):
             async with server(driver, kdir, kubeconfig, node) as srv:
                 await asyncio.wait_for(srv.wait_published(), 30)
                 assert srv.publisher is not None
@@ -291,7 +291,7 @@ async def test_two_shares_of_one_device_are_prepared_apart_and_unprepared_apart(
 
 
 def test_consumed_capacity_that_is_not_a_map_is_a_clear_claim_error() -> None:
-    from kubedevice.dra.claims import claim_from_object
+    from kubedevice.dra.api.claims import claim_from_object
     from kubedevice.errors import ClaimError
 
     ref = dra.ClaimRef("ns", "c", "u1")

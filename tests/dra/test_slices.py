@@ -153,7 +153,7 @@ async def test_api_errors_are_retried_not_fatal(
                 failed.set()
 
     seen = _Seen()
-    logging.getLogger("kubedevice.dra.slices").addHandler(seen)
+    logging.getLogger("kubedevice.dra.api.slices").addHandler(seen)
     try:
         async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name) as srv:
             assert srv.publisher is not None
@@ -168,14 +168,14 @@ async def test_api_errors_are_retried_not_fatal(
             finally:
                 api.call("DELETE", f"/api/v1/nodes/{node_name}")
     finally:
-        logging.getLogger("kubedevice.dra.slices").removeHandler(seen)
+        logging.getLogger("kubedevice.dra.api.slices").removeHandler(seen)
     assert "404" in caplog.text
 
 
 async def test_a_conflict_lists_again_and_wins(
     kdir: Path, kubeconfig: Path, node_name: str, api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubedevice.dra.kube import KubeClient
+    from kubedevice.dra.api.kube import KubeClient
 
     replace = KubeClient.replace_slice
     meddled: list[str] = []
@@ -207,7 +207,7 @@ async def test_slices_deleted_behind_the_drivers_back_come_back(
     """A restarting kubelet wipes its node's slices (no delay, retried until it can read its
     Node), possibly after the driver registered again: the periodic check republishes them,
     with no registration or device change to prompt it."""
-    caplog.set_level(logging.INFO, logger="kubedevice.dra.slices")
+    caplog.set_level(logging.INFO, logger="kubedevice.dra.api.slices")
     republished = asyncio.Event()
 
     class _Seen(logging.Handler):
@@ -216,7 +216,7 @@ async def test_slices_deleted_behind_the_drivers_back_come_back(
                 republished.set()
 
     seen = _Seen()
-    logging.getLogger("kubedevice.dra.slices").addHandler(seen)
+    logging.getLogger("kubedevice.dra.api.slices").addHandler(seen)
     try:
         async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
             assert srv.publisher is not None
@@ -228,7 +228,7 @@ async def test_slices_deleted_behind_the_drivers_back_come_back(
             await asyncio.wait_for(republished.wait(), 30)
             assert [len(s["spec"]["devices"]) for s in api.slices(DRIVER, node_name)] == [2]
     finally:
-        logging.getLogger("kubedevice.dra.slices").removeHandler(seen)
+        logging.getLogger("kubedevice.dra.api.slices").removeHandler(seen)
 
 
 async def test_slices_deleted_behind_the_drivers_back_come_back_on_the_watch_not_a_poll(
@@ -332,7 +332,7 @@ async def test_without_device_taints_in_the_api_server_unhealthy_devices_are_lef
         node = f"node-{uuid.uuid4().hex[:8]}"
         api.call("POST", "/api/v1/nodes", {"metadata": {"name": node}})
         driver = FakeDriver(gpus(3, unhealthy=[1]))
-        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.slices"):
+        with caplog.at_level(logging.WARNING, logger="kubedevice.dra.api.slices"):
             async with server(driver, kdir, kubeconfig, node) as srv:
                 await asyncio.wait_for(srv.wait_published(), 30)
                 assert srv.publisher is not None
@@ -361,8 +361,8 @@ async def test_without_device_taints_in_the_api_server_unhealthy_devices_are_lef
 def test_slices_with_a_tainted_device_hold_at_most_64(
     tainted: tuple[int, ...], count: int, sizes: list[int]
 ) -> None:
-    from kubedevice.dra.slices import _chunks, device_object
-    from kubedevice.dra.taints import TaintPolicy
+    from kubedevice.dra.api.slices import _chunks, device_object
+    from kubedevice.dra.model.taints import TaintPolicy
 
     devices = [device_object(d, TaintPolicy("x.io")) for d in gpus(count, unhealthy=tainted)]
     chunks = _chunks(devices)

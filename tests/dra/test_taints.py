@@ -10,7 +10,7 @@ import pytest
 from dra.api import Api
 from dra.fakes import DRIVER, FakeDriver, gpus, server
 from kubedevice import dra
-from kubedevice.dra.taints import TaintPolicy, parse_evict_on
+from kubedevice.dra.model.taints import TaintPolicy, parse_evict_on
 from kubedevice.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(90)

@@ -120,7 +120,7 @@ async def test_an_instance_without_a_pod_uid_never_runs_beside_one_with(
 ) -> None:
     """One without a pod UID (an older version, or run by hand) takes no claims lock: it
     must not serve beside the instances of a rolling upgrade, whichever starts first."""
-    from kubedevice.dra.lock import LOCK_FILE
+    from kubedevice.dra.state.lock import LOCK_FILE
     from kubedevice.errors import InstanceLockError
 
     second_uid = "" if first_uid else UID_B

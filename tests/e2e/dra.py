@@ -34,8 +34,8 @@ from .cluster import NODE, Cluster, ClusterError, Kubelet, Process, wait_for
 
 KUBEDEVICE = str(Path(sys.executable).with_name("kubedevice"))
 REGISTERED = "registered with the kubelet as DRA driver"
-PREPARED = "kubedevice.dra.service: prepared claim "
-UNPREPARED = "kubedevice.dra.service: unprepared claim "
+PREPARED = "kubedevice.dra.node.service: prepared claim "
+UNPREPARED = "kubedevice.dra.node.service: unprepared claim "
 _serial = iter(range(1, 1_000_000))
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kubedevice.dra.slices import device_object
+from kubedevice.dra.api.slices import device_object
 from kubedevice.errors import ConfigError
 from kubedevice.generic.config import parse_config
 from kubedevice.generic.dra import GenericDraDriver

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from dra.selectors import matches
 
-from kubedevice.dra.classes import class_name
+from kubedevice.dra.api.classes import class_name
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.config import Config, parse_config
 from kubedevice.nvidia.devices import advertised_names, build_inventory, plan_resources

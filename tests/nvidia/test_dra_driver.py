@@ -20,8 +20,8 @@ from kubedevice.dra import (
     OpaqueConfig,
     PreparedClaim,
 )
-from kubedevice.dra.rules import check_claim
-from kubedevice.dra.taints import TaintPolicy
+from kubedevice.dra.model.taints import TaintPolicy
+from kubedevice.dra.node.rules import check_claim
 from kubedevice.nvidia.backend import EventKind, HealthEvent
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver

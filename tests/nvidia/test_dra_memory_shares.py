@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kubedevice.dra import AllocatedDevice, Claim, ClaimRef, Device, Health, OpaqueConfig
-from kubedevice.dra.slices import device_object
+from kubedevice.dra.api.slices import device_object
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import EventKind, HealthEvent
 from kubedevice.nvidia.config import Config, parse_config

@@ -18,9 +18,9 @@ from kubedevice.dra import (
     Health,
     PreparedClaim,
 )
-from kubedevice.dra.counters import check_counters
-from kubedevice.dra.rules import check_claim
-from kubedevice.dra.taints import TaintPolicy
+from kubedevice.dra.model.counters import check_counters
+from kubedevice.dra.model.taints import TaintPolicy
+from kubedevice.dra.node.rules import check_claim
 from kubedevice.nvidia.backend import EventKind, HealthEvent, MigPlacement
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver

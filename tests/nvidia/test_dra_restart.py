@@ -19,9 +19,9 @@ from dra.api import Api
 from dra.conftest import create_claim, result
 from dra.fakes import server
 
-from kubedevice.dra.checkpoint import Checkpoint
-from kubedevice.dra.settings import CHECKPOINT_FILE
-from kubedevice.dra.types import PreparedClaim
+from kubedevice.dra.model.types import PreparedClaim
+from kubedevice.dra.node.settings import CHECKPOINT_FILE
+from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import DEFAULT_DRIVER_NAME, GpuDraDriver
 

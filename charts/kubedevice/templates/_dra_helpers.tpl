@@ -148,7 +148,7 @@ readinessProbe:
   timeoutSeconds: 5
 {{- end -}}
 
-{{/* The DeviceClass name of an extended resource, as kubedevice.dra.classes.class_name makes
+{{/* The DeviceClass name of an extended resource, as kubedevice.dra.api.classes.class_name makes
 it: "/" -> "-"; when that is not a DNS subdomain as it stands, lower-cased, other characters
 "-", and the first 8 hex digits of the resource name's SHA-1 appended. */}}
 {{- define "kubedevice.deviceClassName" -}}

@@ -64,7 +64,7 @@ PRINT_DEVICE_CLASSES = click.option(
 
 def print_classes(classes: list[dict[str, Any]]) -> None:
     """Print ``classes`` as YAML documents (``kubectl apply -f -`` takes them)."""
-    from kubedevice.dra.classes import dump_classes
+    from kubedevice.dra.api.classes import dump_classes
 
     click.echo(dump_classes(classes), nl=False)
 

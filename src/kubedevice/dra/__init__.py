@@ -22,20 +22,7 @@ Plugin side: never imports the kubelet emulator or the conformance kit.
 from __future__ import annotations
 
 from kubedevice.dra.driver import Driver
-from kubedevice.dra.runner import (
-    DEFAULT_CDI_DIR,
-    DEFAULT_KUBELET_DIR,
-    ENV_NODE_NAME,
-    ENV_POD_UID,
-    DriverOptions,
-    argument_parser,
-    cleanup,
-    main,
-    options_from_args,
-    run,
-    serve,
-)
-from kubedevice.dra.types import (
+from kubedevice.dra.model.types import (
     AllocatedDevice,
     AttributeValue,
     Claim,
@@ -54,6 +41,19 @@ from kubedevice.dra.types import (
     Quantity,
     RequestPolicy,
     Version,
+)
+from kubedevice.dra.runner import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_KUBELET_DIR,
+    ENV_NODE_NAME,
+    ENV_POD_UID,
+    DriverOptions,
+    argument_parser,
+    cleanup,
+    main,
+    options_from_args,
+    run,
+    serve,
 )
 from kubedevice.errors import ClaimError, KubeApiError
 

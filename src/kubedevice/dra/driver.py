@@ -11,7 +11,7 @@ import abc
 from collections.abc import AsyncIterator, Sequence
 from typing import ClassVar
 
-from kubedevice.dra.types import Claim, CounterSet, Device, PreparedClaim, PreparedDevice
+from kubedevice.dra.model.types import Claim, CounterSet, Device, PreparedClaim, PreparedDevice
 from kubedevice.errors import ClaimError
 
 __all__ = ["Driver"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from kubedevice.dra.driver import Driver
-from kubedevice.dra.settings import Settings
+from kubedevice.dra.node.settings import Settings
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.kubeconfig import KUBECONFIG_DEFAULT, KUBECONFIG_HELP
 from kubedevice.log import (
@@ -73,17 +73,17 @@ class DriverOptions:
         health: Serve the ``v1alpha1.DRAResourceHealth`` stream.
         evict_on: Faults whose device taint is ``NoExecute`` (``xid``, ``xid=79``,
             ``gpu-lost``, ``health-check``, ``unhealthy``, ``all``); the rest are
-            ``NoSchedule``. See :mod:`kubedevice.dra.taints`.
+            ``NoSchedule``. See :mod:`kubedevice.dra.model.taints`.
         metrics_address: ``HOST:PORT`` to serve ``/metrics`` (Prometheus), ``/healthz``
             and ``/readyz`` on; ``None`` serves none.
         claim_status: Write ``status.devices`` (Ready, Healthy, data) of the claims it
-            prepared (:mod:`kubedevice.dra.status`).
+            prepared (:mod:`kubedevice.dra.api.status`).
         api_timeout: Seconds one API call may take in all, retries included (under the
             kubelet's 45 s for a claim, so a claim that cannot be read fails clearly first).
         pod_uid: This instance's pod UID; ``None`` takes ``$POD_UID``, empty: none. With
             one, the sockets are ``dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``, so a
             DaemonSet can roll with ``maxSurge`` (two instances side by side, see
-            :mod:`kubedevice.dra.lock`); without, the fixed names and one instance per node.
+            :mod:`kubedevice.dra.state.lock`); without, the fixed names and one instance per node.
     """
 
     driver_name: str | None = None
@@ -105,7 +105,7 @@ class DriverOptions:
         Raises:
             ConfigError: No driver name or node name, or one the API would refuse.
         """
-        from kubedevice.dra.names import check_driver_name, check_node_name, check_pod_uid
+        from kubedevice.dra.model.names import check_driver_name, check_node_name, check_pod_uid
 
         driver_name = self.driver_name or driver.driver_name
         node_name = self.node_name or os.environ.get(ENV_NODE_NAME, "")
@@ -120,7 +120,7 @@ class DriverOptions:
             check_pod_uid(pod_uid)
         if not 0 < self.api_timeout <= 300:
             raise ConfigError(f"API timeout {self.api_timeout} s: give 0 to 300 seconds")
-        from kubedevice.dra.taints import parse_evict_on
+        from kubedevice.dra.model.taints import parse_evict_on
 
         evict_on = parse_evict_on(self.evict_on)
         if self.metrics_address is not None:
@@ -167,7 +167,7 @@ async def serve(
         ConfigError: A bad option (driver name, node name, kubeconfig).
         KubeDeviceError: The sockets could not be served.
     """
-    from kubedevice.dra.server import DriverServer
+    from kubedevice.dra.node.server import DriverServer
 
     resolved = (options or DriverOptions()).resolved(driver)
     stop = stop or asyncio.Event()
@@ -233,9 +233,9 @@ async def cleanup(driver: Driver, options: DriverOptions | None = None) -> int:
         ConfigError: A bad option.
         KubeApiError: The API server refused or could not be reached.
     """
-    from kubedevice.dra.cdi import CdiWriter
-    from kubedevice.dra.kube import KubeClient
-    from kubedevice.dra.slices import delete_slices
+    from kubedevice.dra.api.kube import KubeClient
+    from kubedevice.dra.api.slices import delete_slices
+    from kubedevice.dra.state.cdi import CdiWriter
 
     resolved = (options or DriverOptions()).resolved(driver)
     removed = CdiWriter(resolved.cdi_dir, resolved.driver_name).remove_all()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kubedevice.dra.classes import device_class, selector
+from kubedevice.dra.api.classes import device_class, selector
 from kubedevice.errors import ConfigError
 from kubedevice.generic.config import Config
 from kubedevice.generic.dra.driver import resource_attribute

@@ -49,7 +49,7 @@ from kubedevice.dra import (
     Mount,
     RequestPolicy,
 )
-from kubedevice.dra.types import AttributeValue
+from kubedevice.dra.model.types import AttributeValue
 from kubedevice.generic.config import Config, GroupSpec, ResourceSpec, group_name
 from kubedevice.generic.discovery import PhysicalDevice, Scanner, watch_dirs
 from kubedevice.generic.health import CheckResult, run_check

@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
-from kubedevice.dra.classes import device_class, opaque_config, selector
+from kubedevice.dra.api.classes import device_class, opaque_config, selector
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.backend import NvmlBackend
 from kubedevice.nvidia.config import GPU_RESOURCE, Config

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from kubedevice.dra import ContainerEdits, Device, DeviceNode, Fault, Health, RequestPolicy, Version
-from kubedevice.dra.types import MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
+from kubedevice.dra.model.types import MAX_ATTRIBUTES_AND_CAPACITIES, AttributeValue
 from kubedevice.nvidia.backend import (
     DriverInfo,
     GpuInfo,

@@ -50,8 +50,8 @@ from kubedevice.dra import (
     Mount,
     PreparedDevice,
 )
-from kubedevice.dra.capacity import quantity_value
-from kubedevice.dra.types import AllocatedDevice, Claim, PreparedClaim
+from kubedevice.dra.model.capacity import quantity_value
+from kubedevice.dra.model.types import AllocatedDevice, Claim, PreparedClaim
 from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.nvidia.backend import MigPartitioning, NvmlBackend, TimeSliceControl
 from kubedevice.nvidia.cdi import DriverFile, find_driver_files
@@ -247,7 +247,7 @@ class GpuDraDriver(Driver):
             if gd is None:
                 raise ClaimError(f"device {allocated.name} is not a GPU of this node")
             # an unhealthy device: the kit refused the claim before this hook (its rule,
-            # the same for every driver: kubedevice.dra.rules), unless it tolerates the taint
+            # the same for every driver: kubedevice.dra.node.rules), unless it tolerates the taint
             source = f"request {allocated.request}: opaque config"
             try:
                 config = effective_config([c.parameters for c in allocated.configs], source)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kubedevice.dra.types import AllocatedDevice, Claim, ClaimRef, Device, OpaqueConfig
+from kubedevice.dra.model.types import AllocatedDevice, Claim, ClaimRef, Device, OpaqueConfig
 from kubedevice.errors import ClaimError
 
 __all__ = ["MAX_OPAQUE_BYTES", "MAX_RESULTS", "claim_from_object"]

@@ -1,7 +1,7 @@
 """The kit's one door to the Kubernetes API: ResourceClaims (and their status), ResourceSlices,
 the Node.
 
-Reads the credentials itself (:mod:`kubedevice.dra.credentials`: the service account, and
+Reads the credentials itself (:mod:`kubedevice.dra.api.credentials`: the service account, and
 kubeconfigs with tokens, client certificates or basic auth) and calls with ``urllib3``; only
 a kubeconfig that needs a credential plugin (``exec``, ``auth-provider``) or a proxy is
 loaded with the official ``kubernetes`` client (the ``dra`` extra), imported only then.
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from kubedevice.dra.credentials import ClientEndpoint, Endpoint, OwnEndpoint, read_credentials
+from kubedevice.dra.api.credentials import ClientEndpoint, Endpoint, OwnEndpoint, read_credentials
 from kubedevice.errors import KubeApiError
 from kubedevice.kubeconfig import resolve_kubeconfig
 

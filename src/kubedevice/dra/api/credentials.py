@@ -261,7 +261,7 @@ class Endpoint:
 
 
 class OwnEndpoint(Endpoint):
-    """Credentials read by :mod:`kubedevice.dra.credentials`."""
+    """Credentials read by :mod:`kubedevice.dra.api.credentials`."""
 
     def __init__(self, credentials: Credentials) -> None:
         self.credentials = credentials

@@ -11,9 +11,9 @@ never names: slices named by an earlier version are adopted too), updates them w
 devices differ (the generation grows by one on every change; capacities are sent in the
 API server's canonical form, so an unchanged pool compares equal and is never rewritten),
 creates what is missing and deletes what is stale. A device the API server would refuse
-(:mod:`kubedevice.dra.validation`: lengths in bytes) is left out and reported; the others
+(:mod:`kubedevice.dra.model.validation`: lengths in bytes) is left out and reported; the others
 are published. A device that is not healthy is published with a taint keyed by why
-(:mod:`kubedevice.dra.taints`: ``NoSchedule``, the scheduler allocates it to no new claim
+(:mod:`kubedevice.dra.model.taints`: ``NoSchedule``, the scheduler allocates it to no new claim
 unless one tolerates the taint; it stays visible, and allocated claims keep it, unless the
 fault is one to evict on: ``NoExecute``); where the API server drops device taints (its
 ``DRADeviceTaints`` feature gate off),
@@ -35,12 +35,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from kubedevice.dra import counters
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.quantity import canonical_quantity
-from kubedevice.dra.taints import TaintPolicy
-from kubedevice.dra.types import CounterSet, Device, Health, Version
-from kubedevice.dra.validation import device_problems
+from kubedevice.dra.api.kube import KubeClient
+from kubedevice.dra.model import counters
+from kubedevice.dra.model.quantity import canonical_quantity
+from kubedevice.dra.model.taints import TaintPolicy
+from kubedevice.dra.model.types import CounterSet, Device, Health, Version
+from kubedevice.dra.model.validation import device_problems
 from kubedevice.errors import KubeApiError
 from kubedevice.plugin.registration import Backoff
 
@@ -222,7 +222,7 @@ class SlicePublisher:
         #: the taints; then they are left out.
         self.taints_supported = True
         #: Counter sets and consumptions are published until the API server is seen
-        #: dropping them (see :mod:`kubedevice.dra.counters`); then devices go without.
+        #: dropping them (see :mod:`kubedevice.dra.model.counters`); then devices go without.
         self.counters_supported = True
         self._counter_sets: tuple[CounterSet, ...] = ()
         #: Devices that allow multiple allocations are published so until the API server is

@@ -24,9 +24,9 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from kubedevice.dra.checkpoint import Checkpoint
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.types import Device, Health, PreparedClaim
+from kubedevice.dra.api.kube import KubeClient
+from kubedevice.dra.model.types import Device, Health, PreparedClaim
+from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.errors import KubeApiError
 from kubedevice.plugin.registration import Backoff
 

@@ -3,7 +3,7 @@
 Every ``NodeWatchResources`` stream gets the complete list of the driver's devices at once
 and again on every change of the device list (bursts coalesce: a slow stream only ever
 gets the newest list), and every 10 s without a change. Each device carries a message:
-why it is not healthy (its :class:`~kubedevice.dra.types.Fault`: ``XID 79: ...``, ``GPU
+why it is not healthy (its :class:`~kubedevice.dra.model.types.Fault`: ``XID 79: ...``, ``GPU
 lost``, the failing check), empty when healthy; and how long the kubelet may trust the
 report (``health_check_timeout_seconds``, :data:`TIMEOUT_S`: three resends), after which
 it counts the device as Unknown. The kubelet puts health and message into the pods'
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 from kubedevice._api.drahealth.v1alpha1 import api_pb2 as pb, api_pb2_grpc as pb_grpc
-from kubedevice.dra.types import Device, Health
+from kubedevice.dra.model.types import Device, Health
 
 __all__ = ["HealthService"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kubedevice._regular_file import read_regular
-from kubedevice.dra.types import ContainerEdits
+from kubedevice.dra.model.types import ContainerEdits
 from kubedevice.errors import ConfigError
 from kubedevice.plugin.cdi import validate_spec
 from kubedevice.plugin.files import write_atomically

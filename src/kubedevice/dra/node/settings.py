@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubedevice.dra.lock import CLAIMS_LOCK_FILE, LOCK_FILE
-from kubedevice.dra.names import dra_socket_path, registration_socket_path
+from kubedevice.dra.model.names import dra_socket_path, registration_socket_path
+from kubedevice.dra.state.lock import CLAIMS_LOCK_FILE, LOCK_FILE
 
 __all__ = ["CHECKPOINT_FILE", "Settings"]
 
@@ -29,13 +29,13 @@ class Settings:
     kubeconfig: Path | None
     publish: bool
     health: bool
-    #: Faults whose taint is ``NoExecute`` (:mod:`kubedevice.dra.taints`).
+    #: Faults whose taint is ``NoExecute`` (:mod:`kubedevice.dra.model.taints`).
     evict_on: frozenset[str] = frozenset()
     #: ``HOST:PORT`` for ``/metrics``, ``/healthz`` and ``/readyz`` (``None``: not served).
     metrics_address: str | None = None
-    #: Write ``status.devices`` of the prepared claims (:mod:`kubedevice.dra.status`).
+    #: Write ``status.devices`` of the prepared claims (:mod:`kubedevice.dra.api.status`).
     claim_status: bool = True
-    #: The total time of one API call, retries included (:mod:`kubedevice.dra.kube`).
+    #: The total time of one API call, retries included (:mod:`kubedevice.dra.api.kube`).
     api_timeout: float = 30.0
     #: This instance's pod UID: its sockets are named by it, so that two instances run
     #: side by side in a rolling upgrade (empty: the fixed names, one instance per node).

@@ -20,7 +20,7 @@ the driver starts empty, so a restarted driver can still unprepare what it prepa
 whenever the file is sound.
 
 Two instances of a driver on one node (a rolling upgrade) share the file: each takes the
-node's claims lock around its work (:class:`kubedevice.dra.lock.ClaimsLock`) and calls
+node's claims lock around its work (:class:`kubedevice.dra.state.lock.ClaimsLock`) and calls
 :meth:`Checkpoint.changed` under it, and reads the file again only when its identity
 (device, inode, mtime, size) differs from what this instance last read or wrote.
 """
@@ -38,7 +38,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from kubedevice._regular_file import NotRegularFileError, read_regular
-from kubedevice.dra.types import ClaimRef, PreparedClaim
+from kubedevice.dra.model.types import ClaimRef, PreparedClaim
 from kubedevice.plugin.files import sync_file, write_atomically
 
 __all__ = ["CHECKPOINT_VERSION", "Checkpoint"]

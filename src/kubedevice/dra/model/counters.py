@@ -12,9 +12,9 @@ The API server's rules (resource.k8s.io/v1) kept here, before anything is writte
   own, first in the pool);
 * at most 8 counter sets in a slice, 32 counters in a set;
 * at most 64 devices in a slice where a device consumes counters (or has a taint), else
-  128 (:mod:`kubedevice.dra.slices` cuts the devices into slices);
+  128 (:mod:`kubedevice.dra.api.slices` cuts the devices into slices);
 * a device consumes from at most 2 sets, at most 32 counters from each (checked by
-  :class:`~kubedevice.dra.types.Device`); every set and counter it names must exist in
+  :class:`~kubedevice.dra.model.types.Device`); every set and counter it names must exist in
   the pool (the API server does not check this; the scheduler would never allocate such a
   device).
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from kubedevice.dra.types import CounterSet, Device, Quantity
+from kubedevice.dra.model.types import CounterSet, Device, Quantity
 from kubedevice.errors import ConfigError
 
 __all__ = [

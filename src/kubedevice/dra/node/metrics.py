@@ -23,20 +23,36 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from kubedevice.dra.server import DriverServer
+    from kubedevice.dra.model.types import Device
+    from kubedevice.dra.state.checkpoint import Checkpoint
 
-__all__ = ["DraMetrics", "StatusEndpoint"]
+__all__ = ["DraMetrics", "ServerState", "StatusEndpoint"]
 
 log = logging.getLogger(__name__)
 
 _BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _MAX_REQUEST: Final = 8192  # bytes of request line and headers read
+
+
+class ServerState(Protocol):
+    """What the metrics read of a running driver at each scrape (the ``DriverServer``)."""
+
+    @property
+    def checkpoint(self) -> Checkpoint: ...
+    @property
+    def devices(self) -> Mapping[str, Device]: ...
+    @property
+    def slice_writes(self) -> int: ...
+    @property
+    def registrations(self) -> int: ...
+    @property
+    def health_streams(self) -> int: ...
 
 
 class _ClaimsAnswer(Protocol):
@@ -45,7 +61,7 @@ class _ClaimsAnswer(Protocol):
 
 
 class DraMetrics:
-    """The request metrics (counted by :class:`~kubedevice.dra.observed.ObservedServicer`)
+    """The request metrics (counted by :class:`~kubedevice.dra.node.observed.ObservedServicer`)
     and, read when scraped, the server's state.
 
     Args:
@@ -53,7 +69,7 @@ class DraMetrics:
         registry: Where to register; a fresh ``CollectorRegistry`` when ``None``.
     """
 
-    def __init__(self, server: DriverServer, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, server: ServerState, registry: CollectorRegistry | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.server = server
@@ -120,7 +136,7 @@ class DraMetrics:
 class _StateCollector:
     """What the server knows, read at each scrape."""
 
-    def __init__(self, server: DriverServer) -> None:
+    def __init__(self, server: ServerState) -> None:
         self.server = server
 
     def describe(self) -> list[Any]:
@@ -148,17 +164,18 @@ class _StateCollector:
         for health, count in by_health.items():
             devices.add_metric([health], count)
         yield devices
-        writes = s.publisher.writes if s.publisher is not None else 0
         yield CounterMetricFamily(
-            "kubedevice_dra_slice_writes", "ResourceSlices created, replaced or deleted.", writes
+            "kubedevice_dra_slice_writes",
+            "ResourceSlices created, replaced or deleted.",
+            s.slice_writes,
         )
         yield CounterMetricFamily(
             "kubedevice_dra_registrations",
             "Times the kubelet registered the driver.",
-            s.registration.registrations,
+            s.registrations,
         )
         yield GaugeMetricFamily(
-            "kubedevice_dra_health_streams", "Open health streams.", s.health.streams
+            "kubedevice_dra_health_streams", "Open health streams.", s.health_streams
         )
 
 

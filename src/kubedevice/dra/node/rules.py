@@ -7,7 +7,7 @@ answer the same claim the same way:
   devices in this node's pool is an error (the kubelet asked the wrong driver, or the
   allocation was written by hand): never a success with no device.
 * **Healthy devices only.** A device the driver reports ``Unhealthy`` or ``Unknown`` is
-  published with a taint keyed by its fault (:mod:`kubedevice.dra.taints`:
+  published with a taint keyed by its fault (:mod:`kubedevice.dra.model.taints`:
   ``<driver>/xid=79``, ``<driver>/health-check=<group>``, ``<driver>/unhealthy``); a claim
   allocated to it (before it went bad, or written by hand) is refused, unless its
   allocation result carries a toleration of that taint (the user asked for the device as
@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kubedevice.dra.taints import TaintPolicy
-from kubedevice.dra.types import AllocatedDevice, Claim, Device, Health, PreparedClaim
+from kubedevice.dra.model.taints import TaintPolicy
+from kubedevice.dra.model.types import AllocatedDevice, Claim, Device, Health, PreparedClaim
 from kubedevice.errors import ClaimError
 
 __all__ = ["check_claim", "tolerates"]

@@ -2,7 +2,7 @@
 
 Start-up order: without a pod UID, the node's lock file (``plugins/<driver>/driver.lock``) is
 taken (a second such instance refuses to start, naming the holder); with one, the sockets
-are named by it and instances run side by side (:mod:`kubedevice.dra.lock`). Under the
+are named by it and instances run side by side (:mod:`kubedevice.dra.state.lock`). Under the
 node's claims lock the checkpoint is loaded and handed to the driver's ``restore`` hook;
 the first device list is awaited, the DRA socket
 serves (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, unless turned off,
@@ -18,10 +18,10 @@ pod of the DaemonSet) holds its slice writes while that socket is there and answ
 the newest instance writes them. Both serve the health stream (the kubelet opens one per
 registered instance; both report the same devices) and write ``status.devices`` of the
 claims each prepared, under one field manager, with the same content. Devices that are not
-healthy are tainted by why (:mod:`kubedevice.dra.taints`); the prepared claims'
-``status.devices`` say how their devices are (:mod:`kubedevice.dra.status`); with
+healthy are tainted by why (:mod:`kubedevice.dra.model.taints`); the prepared claims'
+``status.devices`` say how their devices are (:mod:`kubedevice.dra.api.status`); with
 ``metrics_address`` set, ``/metrics``, ``/healthz`` and ``/readyz`` are served
-(:mod:`kubedevice.dra.metrics`).
+(:mod:`kubedevice.dra.node.metrics`).
 """
 
 from __future__ import annotations
@@ -41,27 +41,27 @@ from kubedevice._api.dra.v1 import api_pb2_grpc as v1_grpc
 from kubedevice._api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from kubedevice._api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from kubedevice._api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from kubedevice.dra.cdi import CdiWriter
-from kubedevice.dra.checkpoint import Checkpoint
-from kubedevice.dra.counters import check_counters
+from kubedevice.dra.api.kube import KubeClient
+from kubedevice.dra.api.slices import SlicePublisher
+from kubedevice.dra.api.status import ClaimStatusWriter
 from kubedevice.dra.driver import Driver
-from kubedevice.dra.health import HealthService
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.lock import ClaimsLock, InstanceLock
-from kubedevice.dra.observed import ObservedServicer
-from kubedevice.dra.registration import RegistrationService, supported_versions
-from kubedevice.dra.service import ClaimService, V1beta1Servicer, V1Servicer
-from kubedevice.dra.settings import Settings
-from kubedevice.dra.slices import SlicePublisher
-from kubedevice.dra.sockets import UnixGrpcServer
-from kubedevice.dra.status import ClaimStatusWriter
-from kubedevice.dra.taints import TaintPolicy
-from kubedevice.dra.types import Device, Health
+from kubedevice.dra.model.counters import check_counters
+from kubedevice.dra.model.taints import TaintPolicy
+from kubedevice.dra.model.types import Device, Health
+from kubedevice.dra.node.health import HealthService
+from kubedevice.dra.node.observed import ObservedServicer
+from kubedevice.dra.node.registration import RegistrationService, supported_versions
+from kubedevice.dra.node.service import ClaimService, V1beta1Servicer, V1Servicer
+from kubedevice.dra.node.settings import Settings
+from kubedevice.dra.node.sockets import UnixGrpcServer
+from kubedevice.dra.state.cdi import CdiWriter
+from kubedevice.dra.state.checkpoint import Checkpoint
+from kubedevice.dra.state.lock import ClaimsLock, InstanceLock
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
 if TYPE_CHECKING:
-    from kubedevice.dra.metrics import DraMetrics, StatusEndpoint
+    from kubedevice.dra.node.metrics import DraMetrics, StatusEndpoint
 
 __all__ = ["DriverServer"]
 
@@ -119,6 +119,21 @@ class DriverServer:
     def devices(self) -> Mapping[str, Device]:
         """The driver's current devices by name."""
         return self._devices
+
+    @property
+    def slice_writes(self) -> int:
+        """ResourceSlices created, replaced or deleted by this instance."""
+        return self.publisher.writes if self.publisher is not None else 0
+
+    @property
+    def registrations(self) -> int:
+        """Times the kubelet registered this instance."""
+        return self.registration.registrations
+
+    @property
+    def health_streams(self) -> int:
+        """Open ``NodeWatchResources`` streams."""
+        return self.health.streams
 
     async def __aenter__(self) -> DriverServer:
         try:
@@ -335,7 +350,7 @@ class DriverServer:
     # ---- metrics and probes ----------------------------------------------------------
 
     async def _serve_status(self, address: str) -> None:
-        from kubedevice.dra.metrics import DraMetrics, StatusEndpoint
+        from kubedevice.dra.node.metrics import DraMetrics, StatusEndpoint
 
         self.metrics = DraMetrics(self)
         self.endpoint = StatusEndpoint(address, self.metrics, self._live, self._ready)

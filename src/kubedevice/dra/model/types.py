@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
-from kubedevice.dra.capacity import RequestPolicy
+from kubedevice.dra.model.capacity import RequestPolicy
 from kubedevice.errors import ConfigError
 
 __all__ = [
@@ -325,7 +325,7 @@ class Device:
             at once, each a share with its own share ID, adding up what the shares consume
             of each capacity (consumable capacity; Kubernetes 1.34+, on by default 1.36).
         request_policies: ``{capacity name: RequestPolicy}``: what one share may consume
-            of that capacity (:mod:`kubedevice.dra.capacity`); only with
+            of that capacity (:mod:`kubedevice.dra.model.capacity`); only with
             ``allow_multiple_allocations``, checked against the API server's rules.
     """
 

@@ -1,9 +1,9 @@
 """The kubelet's calls to a DRA servicer (``v1`` or ``v1beta1``), observed on their way out.
 
 :class:`ObservedServicer` wraps a servicer: each ``NodePrepareResources`` and
-``NodeUnprepareResources`` is counted and timed by :class:`~kubedevice.dra.metrics.DraMetrics`
+``NodeUnprepareResources`` is counted and timed by :class:`~kubedevice.dra.node.metrics.DraMetrics`
 (when metrics are served), and the claims a prepare answered without an error are handed to
-the :class:`~kubedevice.dra.status.ClaimStatusWriter` (when claim status is written).
+the :class:`~kubedevice.dra.api.status.ClaimStatusWriter` (when claim status is written).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kubedevice.dra.metrics import DraMetrics
+    from kubedevice.dra.node.metrics import DraMetrics
 
 __all__ = ["ObservedServicer"]
 

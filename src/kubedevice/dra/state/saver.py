@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import Final
 
-from kubedevice.dra.checkpoint import Checkpoint
+from kubedevice.dra.state.checkpoint import Checkpoint
 
 __all__ = ["ON_LOOP_BYTES", "CheckpointSaver"]
 

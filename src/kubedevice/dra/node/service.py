@@ -7,8 +7,9 @@ and the checkpoint saved (with each device's ``data`` from the hook).
 ``NodeUnprepareResources``: the ``unprepare`` hook, the spec removed, the claim forgotten;
 an unknown claim is success. At start the checkpoint's claims go to the ``restore`` hook. A
 claim's failure goes in its own ``error``; the other claims of the call are unaffected.
-Each call and the start-up restore hold the node's claims lock (:mod:`kubedevice.dra.handover`):
-a claim prepared by another instance of the driver is answered and unprepared as its own.
+Each call and the start-up restore hold the node's claims lock
+(:mod:`kubedevice.dra.state.handover`): a claim prepared by another instance of the driver
+is answered and unprepared as its own.
 v1beta1 has the same messages (less ``Device.share_id``), so its requests are read as v1 and
 the answers re-encoded.
 """
@@ -30,17 +31,11 @@ import grpc
 
 from kubedevice._api.dra.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
 from kubedevice._api.dra.v1beta1 import api_pb2 as v1beta1, api_pb2_grpc as v1beta1_grpc
-from kubedevice.dra.cdi import CdiWriter, cdi_edits
-from kubedevice.dra.checkpoint import Checkpoint
-from kubedevice.dra.claims import claim_from_object
+from kubedevice.dra.api.claims import claim_from_object
+from kubedevice.dra.api.kube import KubeClient
 from kubedevice.dra.driver import Driver
-from kubedevice.dra.handover import SharedClaims
-from kubedevice.dra.kube import KubeClient
-from kubedevice.dra.lock import ClaimsLock
-from kubedevice.dra.rules import check_claim
-from kubedevice.dra.saver import CheckpointSaver
-from kubedevice.dra.taints import TaintPolicy
-from kubedevice.dra.types import (
+from kubedevice.dra.model.taints import TaintPolicy
+from kubedevice.dra.model.types import (
     MAX_DEVICE_DATA_BYTES,
     Claim,
     ClaimRef,
@@ -48,6 +43,12 @@ from kubedevice.dra.types import (
     PreparedClaim,
     PreparedDevice,
 )
+from kubedevice.dra.node.rules import check_claim
+from kubedevice.dra.state.cdi import CdiWriter, cdi_edits
+from kubedevice.dra.state.checkpoint import Checkpoint
+from kubedevice.dra.state.handover import SharedClaims
+from kubedevice.dra.state.lock import ClaimsLock
+from kubedevice.dra.state.saver import CheckpointSaver
 from kubedevice.errors import ClaimError, ConfigError, KubeApiError, KubeDeviceError
 
 __all__ = ["ClaimService", "V1Servicer", "V1beta1Servicer"]
@@ -105,7 +106,7 @@ class ClaimService:
         self.taints = taints or TaintPolicy(driver_name)
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
         self.saver = CheckpointSaver(checkpoint)
-        #: The node's claims lock around each call (:mod:`kubedevice.dra.handover`).
+        #: The node's claims lock around each call (:mod:`kubedevice.dra.state.handover`).
         self.shared = SharedClaims(
             claims_lock, checkpoint, lambda claims: _call_hook(driver.restore, claims)
         )

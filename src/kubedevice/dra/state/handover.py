@@ -1,7 +1,7 @@
 """Claim work shared by the instances of one driver on a node (a rolling upgrade).
 
 :class:`SharedClaims` wraps each ``NodePrepareResources``/``NodeUnprepareResources`` call
-and the start-up restore in the node's claims lock (:class:`kubedevice.dra.lock.ClaimsLock`).
+and the start-up restore in the node's claims lock (:class:`kubedevice.dra.state.lock.ClaimsLock`).
 Each time this process takes the lock from another, the checkpoint is read again if that
 other instance changed it (one ``stat`` when it did not), and the driver's ``restore`` hook
 gets the whole new set of prepared claims, so the driver's own state (time slices, MIG
@@ -16,9 +16,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-from kubedevice.dra.checkpoint import Checkpoint
-from kubedevice.dra.lock import ClaimsLock
-from kubedevice.dra.types import PreparedClaim
+from kubedevice.dra.model.types import PreparedClaim
+from kubedevice.dra.state.checkpoint import Checkpoint
+from kubedevice.dra.state.lock import ClaimsLock
 
 __all__ = ["SharedClaims"]
 

@@ -1,6 +1,6 @@
 """The device taints a driver publishes: one per device that is not healthy, keyed by why.
 
-A device with a :class:`~kubedevice.dra.types.Fault` gets the taint ``<driver>/<kind>``
+A device with a :class:`~kubedevice.dra.model.types.Fault` gets the taint ``<driver>/<kind>``
 with the fault's value (``gpu.kubedevice.io/xid=79``, ``gpu.kubedevice.io/gpu-lost``,
 ``dev.kubedevice.io/health-check=<group>``); one without gets ``<driver>/unhealthy`` with
 its health as the value. The effect is ``NoSchedule`` (the scheduler gives the device to
@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Final
 
-from kubedevice.dra.types import Device, Fault, Health
+from kubedevice.dra.model.types import Device, Fault, Health
 from kubedevice.errors import ConfigError
 
 __all__ = ["ALL", "UNHEALTHY_KIND", "TaintPolicy", "parse_evict_on"]

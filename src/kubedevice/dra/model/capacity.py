@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
 
-from kubedevice.dra.quantity import canonical_quantity, quantity_value
+from kubedevice.dra.model.quantity import canonical_quantity, quantity_value
 from kubedevice.errors import ConfigError
 
 __all__ = ["MAX_VALID_VALUES", "RequestPolicy", "quantity_value"]
