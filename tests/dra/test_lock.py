@@ -138,3 +138,49 @@ async def test_the_claims_lock_waits_for_another_process_and_a_cancelled_wait_le
         for stream in (holder.stdin, holder.stdout):
             if stream is not None:
                 stream.close()
+
+
+@pytest.mark.parametrize("name", [LOCK_FILE, CLAIMS_LOCK_FILE])
+async def test_a_symlink_planted_as_a_lock_file_is_refused_never_written_through(
+    tmp_path: Path, name: str
+) -> None:
+    """A root driver writes who holds the lock into the file: a symlink in its place (to
+    /etc/shadow, say) is never followed, and the line names the file."""
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    path = tmp_path / "plugins" / "x" / name
+    path.parent.mkdir(parents=True)
+    path.symlink_to(target)
+    if name == LOCK_FILE:
+        with pytest.raises(InstanceLockError) as caught:
+            InstanceLock(path, "DRA driver x").acquire()
+        assert str(caught.value) == (
+            f"the lock file {path} is a symbolic link, not a regular file; "
+            "refusing to use it (remove it)"
+        )
+    else:
+        with pytest.raises(OSError, match="is a symbolic link, not a regular file"):
+            async with ClaimsLock(path).hold():
+                pass
+    assert target.read_text() == "keep me\n"
+    assert path.is_symlink()
+
+
+async def test_a_server_refuses_a_planted_claims_lock_symlink_in_one_line(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    target = kdir / "precious"
+    target.write_text("keep me\n")
+    plugin_dir = kdir / "plugins" / DRIVER
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / CLAIMS_LOCK_FILE).symlink_to(target)
+    second = server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name)
+    with pytest.raises(InstanceLockError) as caught:
+        await second.start()
+    await second.stop()
+    assert str(caught.value) == (
+        f"the lock file {plugin_dir / CLAIMS_LOCK_FILE} is a symbolic link, not a regular "
+        "file; refusing to use it (remove it)"
+    )
+    assert target.read_text() == "keep me\n"
+    assert not (plugin_dir / "dra.sock").exists()  # nothing served

@@ -41,6 +41,7 @@ from kubedevice._api.dra.v1 import api_pb2_grpc as v1_grpc
 from kubedevice._api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from kubedevice._api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from kubedevice._api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubedevice._regular_file import NotRegularFileError
 from kubedevice.dra.api.kube import KubeClient
 from kubedevice.dra.api.slices import SlicePublisher
 from kubedevice.dra.api.status import ClaimStatusWriter
@@ -56,8 +57,8 @@ from kubedevice.dra.node.settings import Settings
 from kubedevice.dra.node.sockets import UnixGrpcServer
 from kubedevice.dra.state.cdi import CdiWriter
 from kubedevice.dra.state.checkpoint import Checkpoint
-from kubedevice.dra.state.lock import ClaimsLock, InstanceLock
-from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.dra.state.lock import ClaimsLock, InstanceLock, refusal
+from kubedevice.errors import ConfigError, InstanceLockError, KubeDeviceError
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
 if TYPE_CHECKING:
@@ -181,6 +182,8 @@ class DriverServer:
         )
         try:
             await self.claims.restore()  # loads the checkpoint, under the claims lock
+        except NotRegularFileError as exc:  # a symlink planted in its place: never followed
+            raise InstanceLockError(refusal(self.claims_lock.path, exc)) from None
         except OSError as exc:
             raise KubeDeviceError(f"cannot lock {self.claims_lock.path}: {exc}") from None
         if s.claim_status:

@@ -18,7 +18,9 @@ or time slices no checkpointed claim owns are orphans. Calls of one process shar
 (the first takes it, the last lets it go), so one instance keeps its own concurrency.
 
 Both locks go with the process (exit, crash, SIGKILL: the kernel releases them; the files
-stay, harmless), and neither is inherited by an ``exec``.
+stay, harmless), and neither is inherited by an ``exec``. Both files are opened only when
+they are regular files (never through a symlink, never a FIFO or device node put in their
+place): a driver run as root writes who holds them into them.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
+from kubedevice._regular_file import NotRegularFileError, open_regular
 from kubedevice.errors import InstanceLockError
 
-__all__ = ["CLAIMS_LOCK_FILE", "LOCK_FILE", "ClaimsLock", "InstanceLock"]
+__all__ = ["CLAIMS_LOCK_FILE", "LOCK_FILE", "ClaimsLock", "InstanceLock", "refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,9 @@ class InstanceLock:
             return
         try:
             self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = _open(self.path)
+        except NotRegularFileError as exc:
+            raise InstanceLockError(refusal(self.path, exc)) from None
         except OSError as exc:
             raise InstanceLockError(f"cannot open the lock file {self.path}: {exc}") from None
         try:
@@ -178,7 +183,7 @@ class ClaimsLock:
         if not self._made:
             self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             self._made = True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = _open(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -207,6 +212,21 @@ class ClaimsLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def refusal(path: Path, exc: NotRegularFileError) -> str:
+    """The one line that says a lock file was refused (a symlink, a FIFO...)."""
+    return f"the lock file {path} {exc.strerror}; refusing to use it (remove it)"
+
+
+def _open(path: Path) -> int:
+    """The lock file, created if missing (mode 0600); refused unless a regular file.
+
+    Raises:
+        NotRegularFileError: A symlink (never followed), FIFO, socket, device or directory.
+        OSError: It cannot be opened.
+    """
+    return open_regular(path, os.O_RDWR | os.O_CREAT, 0o600)
 
 
 def _can_share(fd: int) -> bool:
