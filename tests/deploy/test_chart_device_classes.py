@@ -1,6 +1,6 @@
 """The chart's DeviceClasses for extended resources agree with ``--print-device-classes``.
 
-(And so do the examples of docs/nvidia.md and docs/dra.md.)
+(And so do the examples of docs/nvidia.md and docs/generic-dra.md.)
 
 The chart computes the classes in templates (helm cannot run kubedevice); the drivers compute
 them from the device plugin's own naming code. Each case renders the chart with the real helm
@@ -204,7 +204,7 @@ def test_the_docs_examples_are_what_the_cli_prints(tmp_path: Path) -> None:
         "version: v1\nresources:\n  - name: example.com/serial\n"
         "    groups: [{paths: [{path: /dev/ttyUSB*}]}]\n"
     )
-    assert _doc_classes("dra.md") == _cli("run", "--dra", "--config", str(config))
+    assert _doc_classes("generic-dra.md") == _cli("run", "--dra", "--config", str(config))
 
 
 def _notes(*settings: str) -> str:

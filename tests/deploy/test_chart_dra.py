@@ -215,7 +215,8 @@ def test_rendered_dra_options_exist(component: str, depth: int) -> None:
 
 # ---------------------------------------------------------------- hardening (audits 14-16)
 
-DOCS_DRA = CHART.parents[1] / "docs" / "dra.md"
+# the kit's guide (a driver of your own) and the drivers' guide (the chart's DaemonSets)
+DOCS_DRA = [CHART.parents[1] / "docs" / name for name in ("dra.md", "dra-drivers.md")]
 
 
 def _pod(ds: dict[str, Any]) -> dict[str, Any]:
@@ -429,11 +430,11 @@ def test_schema_refuses_a_null_config(component: str, tmp_path: Path) -> None:
 
 
 def test_docs_state_the_charts_rbac_and_no_uninstall_hook() -> None:
-    """docs/dra.md says exactly the verbs the chart grants on resourceslices, and promises
-    no uninstall hook the chart does not have."""
+    """docs/dra.md and docs/dra-drivers.md say exactly the verbs the chart grants on
+    resourceslices, and promise no uninstall hook the chart does not have."""
     import re
 
-    text = DOCS_DRA.read_text()
+    text = "\n".join(doc.read_text() for doc in DOCS_DRA)
     role = _named(render(values=DRA_ON), "ClusterRole", "kubedevice-dra-nvidia")
     [granted] = [sorted(r["verbs"]) for r in role["rules"] if r["resources"] == ["resourceslices"]]
     stated = re.findall(r"((?:`[a-z]+`(?:,\s+|\s+and\s+)?)+)\s+on\s+`resourceslices`", text)

@@ -492,13 +492,18 @@ def release(cluster: Cluster, ns: str, drivers: list[DraDriver]) -> None:
 
 
 def docs_yaml() -> list[dict[str, Any]]:
-    """The YAML examples of docs/dra.md, "Running the two drivers", as documents."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
-    section = text[text.index("## Running the two drivers") :]
-    end = section.find("\n## ", 1)
-    section = section if end < 0 else section[:end]
-    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
-    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
+    """The YAML examples of the drivers' guides, section "Claims and pods", as documents: those
+    of docs/nvidia-dra.md (the GPU driver), then those of docs/generic-dra.md (the /dev driver)."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    found: list[dict[str, Any]] = []
+    for name in ("nvidia-dra.md", "generic-dra.md"):
+        text = (docs / name).read_text()
+        section = text[text.index("## Claims and pods") :]
+        end = section.find("\n## ", 1)
+        section = section if end < 0 else section[:end]
+        blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+        found += [d for b in blocks for d in yaml.safe_load_all(b) if d]
+    return found
 
 
 def share_one_claim(cluster: Cluster, ns: str, drv: DraDriver, device_class_name: str) -> None:
