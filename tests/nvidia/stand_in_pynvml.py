@@ -145,6 +145,7 @@ def make_module(
 
     @fn
     def nvmlShutdown() -> None:
+        need_init()  # as libnvidia-ml: a shutdown without a successful init is Uninitialized
         state["init"] = False
 
     @fn

@@ -122,3 +122,34 @@ def test_generic_driver_bad_evict_on(
         str(kubeconfig), "--kubelet-dir", str(tmp_path / "k"), *args,
     )  # fmt: skip
     _one_line_error(proc, 2, needle)
+
+
+#: Runs the command with ``pynvml`` standing for a node without NVIDIA's library (its
+#: nvmlInit fails LibraryNotFound, its nvmlShutdown then fails Uninitialized, as the real
+#: library's do).
+_NO_LIBRARY = """\
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("stand_in_pynvml", sys.argv.pop(1))
+mod = sys.modules["stand_in_pynvml"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+sys.modules["pynvml"] = mod.make_module([], init_error="LIBRARY_NOT_FOUND")
+from kubedevice.cli.main import cli
+cli(sys.argv[1:], prog_name="kubedevice")
+"""
+
+
+@pytest.mark.parametrize("command", ["dra", "run"])
+def test_gpu_commands_without_nvidias_library_name_it(tmp_path: Path, command: str) -> None:
+    """The real error, not the clean-up's (``nvmlShutdown: Uninitialized``)."""
+    stand_in = Path(__file__).with_name("stand_in_pynvml.py")
+    args = ["nvidia", command, "--nvml", "real", "--kubelet-dir", str(tmp_path / "k")]
+    if command == "run":
+        args = ["nvidia", "run", "--nvml", "real", "--device-plugin-dir", str(tmp_path / "dp")]
+    else:
+        args += ["--node-name", "n", "--cdi-dir", str(tmp_path / "cdi")]
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_LIBRARY, str(stand_in), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    _one_line_error(proc, 2, "NVML LibraryNotFound: nvmlInit")
+    assert "Uninitialized" not in proc.stderr

@@ -22,9 +22,11 @@ from kubedevice.dra import (
 )
 from kubedevice.dra.model.taints import TaintPolicy
 from kubedevice.dra.node.rules import check_claim
+from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import EventKind, HealthEvent
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver
+from kubedevice.nvidia.fake import FakeNvml
 
 
 def _config(host: Any, **health: Any) -> Config:
@@ -251,3 +253,21 @@ async def test_prepare_mounts_the_driver_files_for_any_image_loader(
     assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi.real"
     assert len(mounts) == 5
     assert not second.edits.mounts  # once per claim
+
+
+def test_open_raises_the_start_error_not_the_clean_ups(gpu_host: Any) -> None:
+    """A backend whose shutdown also fails (as NVML's does when init failed): open() raises
+    why it could not start."""
+    host = gpu_host("pcie-4gpu")
+
+    class NoLibrary(FakeNvml):
+        def init(self) -> Any:
+            raise NvmlError("LibraryNotFound", "nvmlInit: NVML Shared Library Not Found")
+
+        def shutdown(self) -> None:
+            raise NvmlError("Uninitialized", "nvmlShutdown: Uninitialized")
+
+    backend = NoLibrary(host.nvml.machine)
+    with pytest.raises(NvmlError) as e:
+        GpuDraDriver(_config(host), backend).open()
+    assert e.value.code == "LibraryNotFound"

@@ -372,3 +372,22 @@ def test_a_gpu_lost_before_enumeration_is_left_out(nv: Any) -> None:
     r.init()
     assert [g.uuid for g in r.gpus()] == [U0, U2]
     assert [(i, e.code) for i, e in r.skipped] == [(1, "GpuIsLost")]
+
+
+def test_shutdown_after_a_failed_init_keeps_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller's clean-up after init() failed must not raise Uninitialized over the real
+    error (NVML was never up, so there is nothing to shut down)."""
+    monkeypatch.setitem(sys.modules, "pynvml", make_module([], init_error="LIBRARY_NOT_FOUND"))
+    r = RealNvml()
+    with pytest.raises(NvmlError) as e:
+        r.init()
+    assert e.value.code == "LibraryNotFound"
+    r.shutdown()  # nothing to do, no error
+
+
+def test_shutdown_twice_is_one_nvml_shutdown(nv: Any) -> None:
+    r = RealNvml()
+    r.init()
+    r.shutdown()
+    assert nv.state["init"] is False
+    r.shutdown()  # already down: nothing more

@@ -121,6 +121,7 @@ class RealNvml(RealMigPartitioning):
         self._slice_ms = max(1, interrupt_slice_ms)
         self._module = module  # a pynvml-compatible module (tests); None = import pynvml
         self._nv: Any = None
+        self._up = False  # nvmlInit succeeded and nvmlShutdown has not run since
         self._codes: dict[int, str] = {}
         self._lock = threading.RLock()
         self._handles: dict[str, Any] = {}  # uuid -> handle (GPUs and MIG devices)
@@ -199,6 +200,7 @@ class RealNvml(RealMigPartitioning):
         """Load libnvidia-ml through pynvml and initialise it."""
         nv = self._load()
         self._call(nv.nvmlInit)
+        self._up = True
         driver = _text(self._call(nv.nvmlSystemGetDriverVersion))
         cuda_fn = (
             getattr(nv, "nvmlSystemGetCudaDriverVersion_v2", None)
@@ -210,9 +212,10 @@ class RealNvml(RealMigPartitioning):
         return DriverInfo(driver_version=driver, cuda_version=cuda_text, nvml_version=nvml_version)
 
     def shutdown(self) -> None:
-        """Free the event set and shut NVML down."""
+        """Free the event set and shut NVML down; nothing when NVML is not up (so a
+        clean-up after a failed init() never raises ``Uninitialized`` over its error)."""
         nv = self._nv
-        if nv is None:
+        if nv is None or not self._up:
             return
         with self._lock:
             sets = [s for s in (self._set, *self._retired) if s is not None]
@@ -220,6 +223,7 @@ class RealNvml(RealMigPartitioning):
             self._handles.clear()
         for s in sets:
             self._call(nv.nvmlEventSetFree, s, optional=True)
+        self._up = False
         self._call(nv.nvmlShutdown)
 
     def gpus(self) -> list[GpuInfo]:

@@ -132,7 +132,10 @@ class GpuDraDriver(Driver):
         try:
             self._opened = self._start()
         except BaseException:
-            self.backend.shutdown()
+            try:
+                self.backend.shutdown()
+            except NvmlError as exc:  # the clean-up's error never hides the real one
+                log.debug("NVML shutdown after a failed start: %s", exc)
             raise
 
     def _start(self) -> list[GpuDevice]:
