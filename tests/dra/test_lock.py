@@ -13,7 +13,14 @@ import pytest
 
 from dra import clients
 from dra.fakes import DRIVER, FakeDriver, gpus, server
-from kubedevice.dra.state.lock import CLAIMS_LOCK_FILE, LOCK_FILE, ClaimsLock, InstanceLock
+from kubedevice.dra.state.lock import (
+    CLAIMS_LOCK_FILE,
+    LOCK_FILE,
+    ClaimsLock,
+    InstanceLock,
+    PodLock,
+    pod_lock_file,
+)
 from kubedevice.errors import InstanceLockError
 
 pytestmark = pytest.mark.timeout(60)
@@ -140,7 +147,7 @@ async def test_the_claims_lock_waits_for_another_process_and_a_cancelled_wait_le
                 stream.close()
 
 
-@pytest.mark.parametrize("name", [LOCK_FILE, CLAIMS_LOCK_FILE])
+@pytest.mark.parametrize("name", [LOCK_FILE, pod_lock_file("u1"), CLAIMS_LOCK_FILE])
 async def test_a_symlink_planted_as_a_lock_file_is_refused_never_written_through(
     tmp_path: Path, name: str
 ) -> None:
@@ -151,9 +158,10 @@ async def test_a_symlink_planted_as_a_lock_file_is_refused_never_written_through
     path = tmp_path / "plugins" / "x" / name
     path.parent.mkdir(parents=True)
     path.symlink_to(target)
-    if name == LOCK_FILE:
+    if name != CLAIMS_LOCK_FILE:
+        lock = InstanceLock(path, "x") if name == LOCK_FILE else PodLock(path, "x", "u1")
         with pytest.raises(InstanceLockError) as caught:
-            InstanceLock(path, "DRA driver x").acquire()
+            lock.acquire()
         assert str(caught.value) == (
             f"the lock file {path} is a symbolic link, not a regular file; "
             "refusing to use it (remove it)"
@@ -184,3 +192,32 @@ async def test_a_server_refuses_a_planted_claims_lock_symlink_in_one_line(
     )
     assert target.read_text() == "keep me\n"
     assert not (plugin_dir / "dra.sock").exists()  # nothing served
+
+
+def test_a_pod_uid_lock_is_held_by_one_process_and_its_file_goes_with_it(tmp_path: Path) -> None:
+    path = tmp_path / pod_lock_file("u1")
+    first = PodLock(path, "DRA driver x", "u1")
+    first.acquire()
+    child = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path\n"
+         "from kubedevice.dra.state.lock import PodLock\n"
+         "try:\n"
+         f"    PodLock(Path({str(path)!r}), 'DRA driver x', 'u1').acquire()\n"
+         "except Exception as exc:\n"
+         "    print(exc); sys.exit(3)\n"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert child.returncode == 3, child.stderr
+    assert "another instance of DRA driver x with pod UID u1" in child.stdout
+    assert f"{path} (pid {os.getpid()}" in child.stdout
+    refused = PodLock(path, "DRA driver x", "u1")
+    with pytest.raises(InstanceLockError):
+        refused.acquire()
+    refused.release()  # never held: the holder's file stays
+    assert path.exists()
+    first.release()
+    assert not path.exists()
+    again = PodLock(path, "DRA driver x", "u1")
+    again.acquire()
+    again.release()

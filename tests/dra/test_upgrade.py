@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import kubedevice.dra as dra
 from dra import clients
 from dra.api import Api
 from dra.conftest import create_claim, result
-from dra.fakes import DRIVER, FakeDriver, gpus, server
+from dra.fakes import DRIVER, FakeDriver, gpus, server, wait_for_path
 from kubedevice.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
@@ -218,3 +221,46 @@ async def test_a_newer_instance_killed_with_its_socket_left_is_not_deferred_to(
         a.publisher.request()  # the periodic resync, now
         await asyncio.wait_for(a.publisher.wait_deferring(False), 10)
         left.unlink()
+
+
+async def test_a_second_process_with_the_same_pod_uid_is_refused_and_the_first_keeps_serving(
+    kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    """Two real processes of examples/dra_minimal.py, one pod UID: they would serve the same
+    socket names. The second exits 2 with one line; the first's sockets stay and answer;
+    the per-pod-UID lock file goes with the first."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "dra_minimal.py"
+    driver = "counter.example.com"
+    args = [sys.executable, str(example), "--node-name", node_name,
+            "--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kdir),
+            "--cdi-dir", str(kdir / "cdi"), "--pod-uid", UID_A]  # fmt: skip
+    reg_sock = kdir / "plugins_registry" / f"{driver}-{UID_A}-reg.sock"
+    dra_sock = kdir / "plugins" / driver / f"dra-{UID_A}.sock"
+    lock = kdir / "plugins" / driver / f"driver-{UID_A}.lock"
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        await wait_for_path(reg_sock, timeout=30)
+        identities = (reg_sock.stat().st_ino, dra_sock.stat().st_ino)
+        second = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            output, _ = second.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # it serves: stop it, then say what it did
+            second.kill()
+            output, _ = second.communicate()
+        assert (reg_sock.stat().st_ino, dra_sock.stat().st_ino) == identities, "replaced"
+        lines = output.strip().splitlines()
+        assert second.returncode == 2, lines
+        assert len(lines) == 1, lines
+        assert f"another instance of DRA driver {driver} with pod UID {UID_A}" in lines[0]
+        assert str(lock) in lines[0]
+        assert f"pid {first.pid}" in lines[0]
+        info = await asyncio.wait_for(clients.get_info(reg_sock), 10)
+        assert info.endpoint == str(dra_sock)
+        first.send_signal(signal.SIGTERM)
+        output, _ = first.communicate(timeout=30)
+        assert first.returncode == 0, output
+        assert not lock.exists()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()

@@ -1,27 +1,27 @@
 """DriverServer: one DRA driver's sockets, registration, devices, slices and health.
 
-Start-up order: without a pod UID, the node's lock file (``plugins/<driver>/driver.lock``) is
-taken (a second such instance refuses to start, naming the holder); with one, the sockets
-are named by it and instances run side by side (:mod:`kubedevice.dra.state.lock`). Under the
-node's claims lock the checkpoint is loaded and handed to the driver's ``restore`` hook;
-the first device list is awaited, the DRA socket
-serves (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and, unless turned off,
-``v1alpha1.DRAResourceHealth``), then the registration socket appears in the kubelet's
-``plugins_registry/`` (the kubelet dials the DRA socket only after that). inotify on both
-directories puts a socket back within milliseconds when it is removed; the kubelet's
-re-registration (after its restart) republishes the slices. On stop the registration
-socket goes first, then the DRA socket (only this instance's own sockets); slices stay (a
-restarted driver or the other instance of a rolling upgrade adopts them unchanged; the
-kubelet removes them when no instance of the driver stays registered). With a pod UID, an
-instance whose plugin dir gets another instance's DRA socket after its own start (a newer
-pod of the DaemonSet) holds its slice writes while that socket is there and answers: only
-the newest instance writes them. Both serve the health stream (the kubelet opens one per
-registered instance; both report the same devices) and write ``status.devices`` of the
-claims each prepared, under one field manager, with the same content. Devices that are not
-healthy are tainted by why (:mod:`kubedevice.dra.model.taints`); the prepared claims'
-``status.devices`` say how their devices are (:mod:`kubedevice.dra.api.status`); with
-``metrics_address`` set, ``/metrics``, ``/healthz`` and ``/readyz`` are served
-(:mod:`kubedevice.dra.node.metrics`).
+Start-up order: without a pod UID, the node's lock file (``plugins/<driver>/driver.lock``)
+is taken (a second such instance refuses to start, naming the holder); with one, the sockets
+are named by it and instances run side by side, each holding ``driver-<pod UID>.lock`` (a
+second instance with the same pod UID refuses to start) (:mod:`kubedevice.dra.state.lock`).
+Under the node's claims lock the checkpoint is loaded and handed to the driver's ``restore``
+hook; the first device list is awaited, the DRA socket serves (``v1.DRAPlugin``,
+``v1beta1.DRAPlugin`` and, unless turned off, ``v1alpha1.DRAResourceHealth``), then the
+registration socket appears in the kubelet's ``plugins_registry/`` (the kubelet dials the
+DRA socket only after that). inotify on both directories puts a socket back within
+milliseconds when it is removed; the kubelet's re-registration (after its restart)
+republishes the slices. On stop the registration socket goes first, then the DRA socket
+(only this instance's own sockets); slices stay (a restarted driver or the other instance of
+a rolling upgrade adopts them unchanged; the kubelet removes them when no instance of the
+driver stays registered). With a pod UID, an instance whose plugin dir gets another
+instance's DRA socket after its own start (a newer pod of the DaemonSet) holds its slice
+writes while that socket is there and answers: only the newest instance writes them. Both
+serve the health stream (the kubelet opens one per registered instance; both report the same
+devices) and write ``status.devices`` of the claims each prepared, under one field manager,
+with the same content. Devices that are not healthy are tainted by why
+(:mod:`kubedevice.dra.model.taints`); the prepared claims' ``status.devices`` say how their
+devices are (:mod:`kubedevice.dra.api.status`); with ``metrics_address`` set, ``/metrics``,
+``/healthz`` and ``/readyz`` are served (:mod:`kubedevice.dra.node.metrics`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from kubedevice.dra.node.settings import Settings
 from kubedevice.dra.node.sockets import UnixGrpcServer
 from kubedevice.dra.state.cdi import CdiWriter
 from kubedevice.dra.state.checkpoint import Checkpoint
-from kubedevice.dra.state.lock import ClaimsLock, InstanceLock, refusal
+from kubedevice.dra.state.lock import ClaimsLock, InstanceLock, PodLock, refusal
 from kubedevice.errors import ConfigError, InstanceLockError, KubeDeviceError
 from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
@@ -97,6 +97,13 @@ class DriverServer:
         #: shared with one (the instances of a rolling upgrade, never beside one without).
         self.lock = InstanceLock(
             settings.lock, f"DRA driver {settings.driver_name}", shared=bool(settings.pod_uid)
+        )
+        #: With a pod UID, held exclusive for the process life: a second instance with the
+        #: same pod UID would replace this one's live sockets.
+        self.pod_lock = (
+            PodLock(settings.pod_lock, f"DRA driver {settings.driver_name}", settings.pod_uid)
+            if settings.pod_uid
+            else None
         )
         self.claims_lock = ClaimsLock(settings.claims_lock)
         self.checkpoint = Checkpoint(settings.checkpoint, settings.driver_name)
@@ -157,7 +164,8 @@ class DriverServer:
 
         Raises:
             InstanceLockError: Another instance of the driver runs on this node and one of
-                the two has no pod UID.
+                the two has no pod UID, or both have the same; or a lock file is not a
+                regular file.
             ConfigError: The API client cannot be configured.
             KubeDeviceError: The driver's ``restore`` hook failed, its device list failed
                 before its first snapshot, or a socket cannot be served.
@@ -165,6 +173,8 @@ class DriverServer:
         s = self.settings
         self._failed = asyncio.get_running_loop().create_future()
         self.lock.acquire()  # before the checkpoint is read or a socket touched
+        if self.pod_lock is not None:
+            self.pod_lock.acquire()
         if self._kube is None:
             self._kube = await asyncio.to_thread(
                 KubeClient.connect, s.kubeconfig, deadline_s=s.api_timeout
@@ -251,6 +261,8 @@ class DriverServer:
             self._kube.close()
             self._kube = None
         await unwatching
+        if self.pod_lock is not None:
+            self.pod_lock.release()
         self.lock.release()
 
     async def wait_failed(self) -> BaseException | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubedevice.dra.model.names import dra_socket_path, registration_socket_path
-from kubedevice.dra.state.lock import CLAIMS_LOCK_FILE, LOCK_FILE
+from kubedevice.dra.state.lock import CLAIMS_LOCK_FILE, LOCK_FILE, pod_lock_file
 
 __all__ = ["CHECKPOINT_FILE", "Settings"]
 
@@ -60,6 +60,11 @@ class Settings:
     def lock(self) -> Path:
         """The lock file an instance without a pod UID holds while it runs."""
         return self.plugin_dir / LOCK_FILE
+
+    @property
+    def pod_lock(self) -> Path:
+        """The lock file an instance with a pod UID holds while it runs (one per pod UID)."""
+        return self.plugin_dir / pod_lock_file(self.pod_uid)
 
     @property
     def claims_lock(self) -> Path:

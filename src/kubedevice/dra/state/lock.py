@@ -17,7 +17,13 @@ cut short by an instance that died (or was stopped) in its hook, and is undone; 
 or time slices no checkpointed claim owns are orphans. Calls of one process share the lock
 (the first takes it, the last lets it go), so one instance keeps its own concurrency.
 
-Both locks go with the process (exit, crash, SIGKILL: the kernel releases them; the files
+:class:`PodLock` (``driver-<pod UID>.lock``, for the process life, beside the shared
+``driver.lock``): two instances run with the same pod UID would serve the same socket names,
+the second replacing the first's live sockets. The first takes it exclusive; a second finds
+it held and refuses to start, naming the file and the holder. The file goes when its holder
+lets go (one per pod UID would otherwise stay behind each rolling upgrade).
+
+The locks go with the process (exit, crash, SIGKILL: the kernel releases them; the files
 stay, harmless), and neither is inherited by an ``exec``. Both files are opened only when
 they are regular files (never through a symlink, never a FIFO or device node put in their
 place): a driver run as root writes who holds them into them.
@@ -40,7 +46,15 @@ from typing import Any, Final
 from kubedevice._regular_file import NotRegularFileError, open_regular
 from kubedevice.errors import InstanceLockError
 
-__all__ = ["CLAIMS_LOCK_FILE", "LOCK_FILE", "ClaimsLock", "InstanceLock", "refusal"]
+__all__ = [
+    "CLAIMS_LOCK_FILE",
+    "LOCK_FILE",
+    "ClaimsLock",
+    "InstanceLock",
+    "PodLock",
+    "pod_lock_file",
+    "refusal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +62,11 @@ log = logging.getLogger(__name__)
 LOCK_FILE: Final = "driver.lock"
 #: The claims lock's file in the plugin dir, taken around each batch of claim work.
 CLAIMS_LOCK_FILE: Final = "claims.lock"
+
+
+def pod_lock_file(pod_uid: str) -> str:
+    """The name of the lock file an instance run with ``pod_uid`` holds (in the plugin dir)."""
+    return f"driver-{pod_uid}.lock"
 
 
 class InstanceLock:
@@ -118,22 +137,84 @@ class InstanceLock:
             os.close(fd)
             raise InstanceLockError(f"cannot lock {self.path}: {exc}") from None
         self._fd = fd
-        if self.shared:
-            return  # several hold it: who holds it is written by an exclusive holder only
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        with contextlib.suppress(OSError):  # who holds it is for the message only
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        if not self.shared:  # several hold it shared: an exclusive holder alone says who
+            _write_holder(fd)
 
     def release(self) -> None:
         """Release the lock (the file stays). Idempotent."""
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+class PodLock:
+    """An exclusive ``flock`` on ``path`` for the process life, for one pod UID's instance:
+    a second instance run with the same pod UID is refused (see the module's doc).
+
+    Args:
+        path: The lock file (``plugins/<driver>/driver-<pod UID>.lock``; created if missing,
+            removed by :meth:`release`).
+        what: What the lock guards, for the error ("DRA driver gpu.example.com").
+        pod_uid: The pod UID, for the error.
+    """
+
+    def __init__(self, path: Path, what: str, pod_uid: str) -> None:
+        self.path = path
+        self.what = what
+        self.pod_uid = pod_uid
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock and write the holder's identity into the file.
+
+        Raises:
+            InstanceLockError: Another process holds it (the error names the file and the
+                holder), or the file cannot be opened.
+        """
+        if self._fd is not None:
+            return
+        for _ in range(8):  # again only when a holder letting go removed the file meanwhile
+            try:
+                self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+                fd = _open(self.path)
+            except NotRegularFileError as exc:
+                raise InstanceLockError(refusal(self.path, exc)) from None
+            except OSError as exc:
+                raise InstanceLockError(f"cannot open the lock file {self.path}: {exc}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _describe(_read(fd))
+                os.close(fd)
+                raise InstanceLockError(
+                    f"another instance of {self.what} with pod UID {self.pod_uid} is running "
+                    f"on this node: it holds {self.path} ({holder}); refusing to start, as "
+                    "it would take that instance's sockets"
+                ) from None
+            except OSError as exc:
+                os.close(fd)
+                raise InstanceLockError(f"cannot lock {self.path}: {exc}") from None
+            if _is_at(fd, self.path):
+                self._fd = fd
+                _write_holder(fd)
+                return
+            os.close(fd)
+        raise InstanceLockError(f"cannot lock {self.path}: it keeps being replaced")
+
+    def release(self) -> None:
+        """Release the lock and remove its file (only while it is still ours). Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            if _is_at(fd, self.path):  # removed while held: a taker then opens a new file
+                self.path.unlink()
+        os.close(fd)
 
 
 class ClaimsLock:
@@ -227,6 +308,27 @@ def _open(path: Path) -> int:
         OSError: It cannot be opened.
     """
     return open_regular(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+def _write_holder(fd: int) -> None:
+    """Write who holds the lock into its file (for the messages only)."""
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the file at ``path`` (not removed, not replaced)."""
+    try:
+        st, at = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
 
 
 def _can_share(fd: int) -> bool:
