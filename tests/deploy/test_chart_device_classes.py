@@ -1,6 +1,6 @@
 """The chart's DeviceClasses for extended resources agree with ``--print-device-classes``.
 
-(And so do the examples of docs/nvidia.md and docs/generic-dra.md.)
+(And so do the examples of docs/nvidia-dra.md and docs/generic-dra.md.)
 
 The chart computes the classes in templates (helm cannot run kubedevice); the drivers compute
 them from the device plugin's own naming code. Each case renders the chart with the real helm
@@ -198,7 +198,7 @@ def _doc_classes(doc: str) -> list[dict[str, Any]]:
 
 
 def test_the_docs_examples_are_what_the_cli_prints(tmp_path: Path) -> None:
-    assert _doc_classes("nvidia.md") == _cli("nvidia", "dra")
+    assert _doc_classes("nvidia-dra.md") == _cli("nvidia", "dra")
     config = tmp_path / "dev.yaml"
     config.write_text(
         "version: v1\nresources:\n  - name: example.com/serial\n"

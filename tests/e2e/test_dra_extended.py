@@ -398,7 +398,7 @@ def test_a_node_with_both_serves_the_name_by_the_plugin_and_gives_gpus_twice(
     drivers: list[DraDriver],
     gpu_plugin: Callable[..., GpuDaemon],
 ) -> None:
-    """What docs/nvidia.md warns of: the device plugin and the DRA driver on one node.
+    """What docs/nvidia-dra.md warns of: the device plugin and the DRA driver on one node.
 
     The scheduler serves ``nvidia.com/gpu`` by DRA only on nodes whose allocatable has none of
     it, so the plugin serves the pod; but nothing tells DRA what the plugin handed out: a

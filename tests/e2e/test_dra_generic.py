@@ -248,7 +248,7 @@ resources:
 def test_the_docs_device_class_allocates_a_serial_port(
     cluster: Cluster, ns: str, dev_dra: Callable[..., GenericDra]
 ) -> None:
-    """docs/generic-dra.md's DeviceClass for the /dev driver, as written, selects its serial ports."""
+    """docs/generic-dra.md's DeviceClass for the /dev driver, as written, selects serial ports."""
     [cls] = [d for d in docs_yaml() if d["kind"] == "DeviceClass" and "dev.kubedevice.io" in str(d)]
     dev_dra(
         "/dev/ttyUSB0",

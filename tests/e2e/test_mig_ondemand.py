@@ -167,8 +167,8 @@ def test_a_driver_killed_after_making_an_instance_destroys_the_orphan_and_prepar
 
 
 def _doc_manifests() -> list[dict[str, Any]]:
-    """The YAML of docs/nvidia.md, section "MIG on demand (DRA)"."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "nvidia.md").read_text()
+    """The YAML of docs/nvidia-dra.md, section "MIG on demand (DRA)"."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "nvidia-dra.md").read_text()
     section = text[text.index("## MIG on demand (DRA)") :]
     section = section[: section.index("\n## ", 1)]
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]

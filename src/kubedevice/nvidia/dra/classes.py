@@ -14,7 +14,7 @@ attributes that picks exactly the devices the plugin would advertise under it:
 A resource shared by ``sharing.timeSlicing`` keeps its advertised name (``rename``,
 ``renameByDefault``), and its class carries the opaque config that asks the driver for
 time-slicing (``GpuConfig`` or ``MigDeviceConfig``, ``strategy: TimeSlicing``): each
-device is still allocated to one pod at a time (see docs/nvidia.md, "Moving from the
+device is still allocated to one pod at a time (see docs/nvidia-dra.md, "Moving from the
 device plugin to DRA with unchanged pod specs").
 """
 

@@ -25,7 +25,7 @@ selects the same GPUs once the driver name matches:
   attributes and capacities leaves out ``migEnabled``, ``nvlinkDomain`` and ``numaNode``
   (in that order, only as many as needed).
 
-docs/nvidia.md has the table of which names match NVIDIA's driver.
+docs/nvidia-dra.md has the table of which names match NVIDIA's driver.
 
 Device names are NVIDIA's: ``gpu-<minor>``, and ``gpu-<minor>-mig-<profile>-<gi>-<ci>``.
 """
