@@ -9,7 +9,8 @@ WORKDIR /src
 COPY constraints.txt pyproject.toml README.md LICENSE ./
 COPY src ./src
 # Wheels for kubedevice with the generic, nvidia and dra extras and everything they need, at the
-# pinned versions.
+# pinned versions. Not the official Kubernetes client (kube-client): in a pod the DRA drivers
+# read the service account themselves.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt ".[generic,nvidia,dra]" dumb-init
 
 FROM ${PYTHON_IMAGE}

@@ -11,6 +11,7 @@ import json
 import re
 import tomllib
 
+from dependencies import closure
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -64,6 +65,19 @@ def test_pins_are_closed_under_dependencies() -> None:
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
                 continue
             assert canonicalize_name(req.name) in pins, f"{name} needs {req.name}: not pinned"
+
+
+def test_every_pin_is_installed_in_the_image() -> None:
+    """No stale pin: constraints.txt holds what the image installs (the project with the
+    Dockerfile's extras, and dumb-init) and what those need, nothing more; so the official
+    Kubernetes client (the ``kube-client`` extra) stays out of the image."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], "dumb-init"]
+    for extra in _image_extras():
+        wanted += project["optional-dependencies"][extra]
+    needed = closure(wanted)
+    assert sorted(_pins()) == sorted(needed)
+    assert "kubernetes" not in needed
 
 
 def test_dockerfile_uses_the_constraints_labels_and_an_init() -> None:

@@ -5,15 +5,20 @@ docs/dra.md shows the example verbatim.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dependencies import closure
+from packaging.utils import canonicalize_name
 
 from dra import clients
 from dra.api import Api
@@ -105,6 +110,64 @@ async def test_example_driver_end_to_end(
     output, _ = driver_process.communicate(timeout=30)
     assert driver_process.returncode == 0, output
     assert not reg_sock.exists()
+    assert "Traceback" not in output
+
+
+def _plain_install() -> set[str]:
+    """The distributions ``pip install kubedevice`` installs (no extra)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {"kubedevice", *closure(project["dependencies"])}
+
+
+#: Refuses every module of a distribution installed here that a plain install would not
+#: have (the dev tools, the official Kubernetes client, ...).
+_PLAIN = textwrap.dedent(
+    """
+    import importlib.abc, runpy, sys
+
+    class _PlainInstall(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, _PlainInstall())
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+)
+
+
+async def test_example_runs_on_a_plain_install(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """What the README promises: ``pip install kubedevice`` then examples/dra_minimal.py
+    publishes its devices on a real API server (plain kubeconfig: no official client)."""
+    plain = _plain_install()
+    blocked = sorted(
+        top
+        for top, dists in importlib.metadata.packages_distributions().items()
+        if not any(canonicalize_name(d) in plain for d in dists)
+    )
+    assert "kubernetes" in blocked  # the dev venv has it; a plain install must not need it
+    args = ["--node-name", node_name, "--kubeconfig", str(kubeconfig),
+            "--kubelet-dir", str(kdir), "--cdi-dir", str(kdir / "cdi")]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"BLOCKED = {set(blocked)!r}\n" + _PLAIN, str(EXAMPLE), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NODE_NAME": ""},
+    )
+    try:
+        api.wait_for_slices(DRIVER, node_name, devices=4)
+    except BaseException:
+        proc.kill()
+        output, _ = proc.communicate(timeout=30)
+        raise AssertionError(f"exit {proc.returncode}: {output}") from None
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
     assert "Traceback" not in output
 
 

@@ -303,7 +303,7 @@ class ClientEndpoint(Endpoint):
             import kubernetes.config
         except ImportError:
             raise ConfigError(
-                "this kubeconfig needs the Kubernetes client: pip install 'kubedevice[dra]'"
+                "this kubeconfig needs the Kubernetes client: pip install 'kubedevice[kube-client]'"
             ) from None
         configuration = kubernetes.client.Configuration()
         try:

@@ -4,7 +4,7 @@ the Node.
 Reads the credentials itself (:mod:`kubedevice.dra.api.credentials`: the service account, and
 kubeconfigs with tokens, client certificates or basic auth) and calls with ``urllib3``; only
 a kubeconfig that needs a credential plugin (``exec``, ``auth-provider``) or a proxy is
-loaded with the official ``kubernetes`` client (the ``dra`` extra), imported only then.
+loaded with the official ``kubernetes`` client (the ``kube-client`` extra), imported only then.
 Plain JSON dicts in and out (no generated models: a field newer than the client is never
 dropped). Every failure is a :class:`~kubedevice.errors.KubeApiError`
 with the HTTP status (0: not reached, or no complete answer in time).
