@@ -94,3 +94,25 @@ def test_the_upgrade_manifest_in_the_docs_is_valid_and_rolls_as_the_template_doe
     [theirs] = template["spec"]["template"]["spec"]["containers"]
     assert ours["env"] == theirs["env"]
     assert ours["volumeMounts"] == theirs["volumeMounts"]
+
+
+def test_the_dra_driver_templates_rbac_is_the_charts() -> None:
+    """The chart is the one source of a DRA driver's RBAC: the template's ClusterRole has the
+    rules the chart renders for a driver of the template's name (claims and their status,
+    the slice watch ...), so "exactly what the kit uses" holds for both."""
+    from deploy.render import by_kind, render
+
+    docs = [d for d in yaml.safe_load_all(shipped()["kubedevice-dra-driver.yaml"]) if d]
+    [template_role] = by_kind(docs, "ClusterRole")
+    chart = render(
+        values={"dra.generic.enabled": "true", "dra.generic.driverName": "counter.example.com"}
+    )
+    [chart_role] = [
+        r
+        for r in by_kind(chart, "ClusterRole")
+        if r["metadata"]["name"] == "kubedevice-dra-generic"
+    ]
+    assert template_role["rules"] == chart_role["rules"], (
+        "deploy/kubedevice-dra-driver.yaml: copy the ClusterRole's rules from "
+        "charts/kubedevice/templates/dra-rbac.yaml"
+    )
