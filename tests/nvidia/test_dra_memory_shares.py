@@ -141,15 +141,18 @@ async def test_each_share_is_told_its_memory_and_time_slices_are_per_share(
         # each share still gets the GPU's device node
         assert "/dev/nvidia0" in [n.path for n in two[0].edits.device_nodes]
         assert host.nvml.time_slice(uuid) == 3  # set by share 1's claim
-        # two shares in one claim (two requests): only the per-GPU variables are unambiguous
+        # two shares of one GPU in one claim (two requests, 10Gi and 15Gi): the claim holds
+        # 25Gi of it, and a container given both CDI devices is told 25Gi, whichever of
+        # their envs the runtime applies last
         both = await driver.prepare(
             _claim(
                 "u3",
-                _share("gpu-0", "s-3", "1Gi", request="a"),
-                _share("gpu-0", "s-4", "2Gi", request="b"),
+                _share("gpu-0", "s-3", "10Gi", request="a"),
+                _share("gpu-0", "s-4", "15Gi", request="b"),
             )
         )
-        assert _env(both) == [{per_gpu: str(GIB)}, {per_gpu: str(2 * GIB)}]
+        total = {"KUBEDEVICE_GPU_MEMORY_LIMIT": str(25 * GIB), per_gpu: str(25 * GIB)}
+        assert _env(both) == [total, total]
         # a whole GPU (no share) is told nothing
         whole = await driver.prepare(_claim("u4", _share("gpu-0", None, None)))
         assert _env(whole) == [{}]
@@ -184,5 +187,25 @@ async def test_with_mig_on_demand_a_partitioned_gpu_is_not_shared_by_memory(
         assert devices["gpu-0"].consumes_counters
         assert not devices["gpu-0"].allow_multiple_allocations
         assert not any(d.allow_multiple_allocations for d in devices.values())
+    finally:
+        await gen.aclose()
+
+
+async def test_shares_of_two_gpus_in_one_claim_are_told_per_gpu_only(gpu_host: Any) -> None:
+    host = gpu_host("dgx-8gpu")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen, _ = await _first(driver)
+    try:
+        uuids = [gd.gpu.uuid for gd in driver.gpu_devices[:2]]
+        var = ["KUBEDEVICE_GPU_MEMORY_LIMIT_" + u.replace("-", "_").upper() for u in uuids]
+        claim = _claim(
+            "u5",
+            _share("gpu-0", "s-5", "10Gi", request="a"),
+            _share("gpu-1", "s-6", "15Gi", request="b"),
+            _share("gpu-0", "s-7", "5Gi", request="c"),
+        )
+        got = _env(await driver.prepare(claim))
+        # no plain variable: which GPU would it describe?
+        assert got == [{var[0]: str(15 * GIB)}, {var[1]: str(15 * GIB)}, {var[0]: str(15 * GIB)}]
     finally:
         await gen.aclose()

@@ -86,3 +86,19 @@ class Driver(abc.ABC):
         under the node's claims lock, so no other instance is inside a hook meanwhile:
         what no claim of the set owns is an orphan.
         """
+
+    async def refresh(self, claim: PreparedClaim) -> Sequence[PreparedDevice | None] | None:
+        """Check that what ``claim``'s prepare made still exists; make it again where it is
+        gone (a reboot destroys what lives on the hardware, not the checkpoint).
+
+        Called for each prepared claim at start (after :meth:`restore`, before serving) and
+        before every answer from the checkpoint (a repeated ``NodePrepareResources``, as
+        the kubelet sends for its pods after a reboot). Return ``None`` when nothing
+        changed; else one entry per device of ``claim`` (same order): ``None`` keeps that
+        device's checkpoint entry, a :class:`PreparedDevice` for the same device replaces
+        its ``data`` and CDI edits (the claim's CDI spec is rewritten; its CDI IDs, held by
+        the kubelet, stay, so a device answered without edits must stay without). A
+        :class:`~kubedevice.errors.ClaimError` fails that answer (the kubelet retries); at
+        start it is logged and the claim kept. The default does nothing.
+        """
+        return None

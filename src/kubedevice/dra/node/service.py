@@ -5,7 +5,8 @@ before (idempotent; a claim shared by several pods is prepared once), else the c
 from the API server, checked, handed to the driver's ``prepare`` hook, its CDI spec written
 and the checkpoint saved (with each device's ``data`` from the hook).
 ``NodeUnprepareResources``: the ``unprepare`` hook, the spec removed, the claim forgotten;
-an unknown claim is success. At start the checkpoint's claims go to the ``restore`` hook. A
+an unknown claim is success. At start the checkpoint's claims go to the ``restore`` hook, and
+each (as before every answer from the checkpoint) to ``refresh``, which remakes what is gone. A
 claim's failure goes in its own ``error``; the other claims of the call are unaffected.
 Each call and the start-up restore hold the node's claims lock
 (:mod:`kubedevice.dra.state.handover`): a claim prepared by another instance of the driver
@@ -43,6 +44,7 @@ from kubedevice.dra.model.types import (
     PreparedClaim,
     PreparedDevice,
 )
+from kubedevice.dra.node.refresh import ask_refresh
 from kubedevice.dra.node.rules import check_claim
 from kubedevice.dra.state.cdi import CdiWriter, cdi_edits
 from kubedevice.dra.state.checkpoint import Checkpoint
@@ -154,13 +156,16 @@ class ClaimService:
         written = 0
         for claim in claims:
             try:
+                claim = await self._refresh(claim)
+            except ClaimError as exc:  # checked again on the next prepare of the claim
+                log.error("claim %s: %s", claim.ref, exc)
+            try:
                 written += await self._ensure_spec(claim)
             except ClaimError as exc:  # answered again (and retried) on the next prepare
                 log.error("claim %s: %s", claim.ref, exc)
         if written:
             log.warning("%d claims' CDI specs were missing or changed; written again", written)
 
-    # ---- the RPCs (v1 messages) ------------------------------------------------------
     # ---- the RPCs (v1 messages) ------------------------------------------------------
 
     async def prepare(
@@ -241,9 +246,23 @@ class ClaimService:
                 prepared.ref,
             )
             return await self._prepare_new(prepared.ref)
+        prepared = await self._refresh(prepared)
         if await self._ensure_spec(prepared):
             log.warning("claim %s: CDI spec missing or changed; written again", prepared.ref)
         return prepared
+
+    async def _refresh(self, prepared: PreparedClaim) -> PreparedClaim:
+        """The driver's ``refresh`` hook: what it remade replaces the checkpoint entry
+        (ClaimError: the hook failed, or the entry, changed in memory, cannot be saved)."""
+        merged = await ask_refresh(self.driver, prepared, _call_hook, _json_data)
+        if merged is None:
+            return prepared
+        self.checkpoint.claims[prepared.ref.uid] = merged
+        try:
+            await self.saver.save()
+        except OSError as exc:
+            raise ClaimError(f"cannot save the remade claim: {exc}") from None
+        return merged
 
     async def _ensure_spec(self, prepared: PreparedClaim) -> bool:
         """Write ``prepared``'s spec from its edits if the file is missing or differs.

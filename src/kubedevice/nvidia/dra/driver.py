@@ -16,9 +16,10 @@ claim the control nodes and the driver's files.
 
 Memory shares (``dra.memoryShares``): a whole GPU allows multiple allocations and
 each claim is given a share of its ``memory``; the scheduler adds the shares up. The
-prepare tells the container its share in bytes, in ``KUBEDEVICE_GPU_MEMORY_LIMIT_<GPU
-UUID>`` (``-`` as ``_``) and, when the claim holds one share, ``KUBEDEVICE_GPU_MEMORY_LIMIT``
-too. Without MPS nothing enforces it: the workload is advised, the scheduler accounts.
+prepare tells the container the claim's share of each GPU in bytes (a claim's shares of
+one GPU added up), in ``KUBEDEVICE_GPU_MEMORY_LIMIT_<GPU UUID>`` (``-`` as ``_``) and, when
+the claim's shares are all of one GPU, ``KUBEDEVICE_GPU_MEMORY_LIMIT`` too. Without MPS
+nothing enforces it: the workload is advised, the scheduler accounts.
 
 Time slices of claims that share a GPU: the level in force is the one the most recently
 prepared of them asked for. Unpreparing a claim leaves the GPU as if that claim had never
@@ -50,7 +51,6 @@ from kubedevice.dra import (
     Mount,
     PreparedDevice,
 )
-from kubedevice.dra.model.capacity import quantity_value
 from kubedevice.dra.model.types import AllocatedDevice, Claim, PreparedClaim
 from kubedevice.errors import ConfigError, NvmlError
 from kubedevice.nvidia.backend import MigPartitioning, NvmlBackend, TimeSliceControl
@@ -59,21 +59,21 @@ from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import CONTROL_NODES, read_numa_node
 from kubedevice.nvidia.dra import ondemand
 from kubedevice.nvidia.dra.config import TIME_SLICE_LEVELS, effective_config
-from kubedevice.nvidia.dra.devices import GpuDevice, build_devices
+from kubedevice.nvidia.dra.devices import GpuDevice, Partition, build_devices
 from kubedevice.nvidia.dra.faults import fault_of
+from kubedevice.nvidia.dra.migs import MigInstances, caps_of
+from kubedevice.nvidia.dra.shares import MEMORY_LIMIT_ENV, share_env
 from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.runner import Hardware, enumerate_hardware
 from kubedevice.nvidia.topology import build_topology
 
-__all__ = ["DEFAULT_DRIVER_NAME", "MEMORY_LIMIT_ENV", "GpuDraDriver", "share_env"]
+__all__ = ["DEFAULT_DRIVER_NAME", "MEMORY_LIMIT_ENV", "GpuDraDriver"]
 
 log = logging.getLogger(__name__)
 
 #: The driver name ``kubedevice nvidia dra`` publishes under (``--driver-name`` changes it).
 DEFAULT_DRIVER_NAME: Final = "gpu.kubedevice.io"
 _CONTROL: Final = frozenset(f"/dev/{n}" for n in CONTROL_NODES)
-#: The env a memory share is told its size in (bytes); ``..._<GPU UUID>`` per GPU.
-MEMORY_LIMIT_ENV: Final = "KUBEDEVICE_GPU_MEMORY_LIMIT"
 
 
 class GpuDraDriver(Driver):
@@ -106,7 +106,9 @@ class GpuDraDriver(Driver):
         self._order = 0  # the highest order given (or restored)
         self._slice_lock = asyncio.Lock()  # one time-slice change at a time
         self._counter_sets: list[CounterSet] = []  # MIG on demand: one per GPU
-        self._mig_lock = asyncio.Lock()  # one MIG device made or destroyed at a time
+        #: MIG on demand: the instances made for claims (None: the backend cannot make any).
+        self.migs = MigInstances(backend) if isinstance(backend, MigPartitioning) else None
+        self._restored = False  # restore() ran once (the time slices are set again)
 
     # ------------------------------------------------------------------ devices
 
@@ -337,15 +339,16 @@ class GpuDraDriver(Driver):
                 log.info(
                     "time-slice level %d set on %s for claim %s", level, gd.gpu.uuid, claim.ref
                 )
-        shares = sum(1 for d in claim.devices if d.consumed_capacity.get("memory"))
+        envs = share_env(
+            [(d, gd.unit.uuid) for d, (gd, _) in zip(claim.devices, plan, strict=True)]
+        )
         prepared = []
-        for i, (allocated, (gd, _level), record, (mig, caps)) in enumerate(
-            zip(claim.devices, plan, data, made, strict=True)
+        for i, (allocated, (gd, _level), record, (mig, caps), env) in enumerate(
+            zip(claim.devices, plan, data, made, envs, strict=True)
         ):
             if mig is not None:
                 record = {**record, "mig": mig.to_json()}
             edits = self._edits(gd, i == 0, caps)
-            env = share_env(allocated, gd.unit.uuid, alone=shares == 1)
             if env:
                 edits = ContainerEdits(env, edits.device_nodes, edits.mounts)
             prepared.append(PreparedDevice(allocated, edits, data=record))
@@ -354,37 +357,22 @@ class GpuDraDriver(Driver):
     async def _make_mig_devices(
         self, claim: Claim, devices: Sequence[GpuDevice]
     ) -> list[tuple[ondemand.MigRecord | None, tuple[str, ...]]]:
-        """MIG on demand: make each partition's MIG device (its record and cap nodes).
+        """MIG on demand: make (or adopt) each partition's MIG device (its record and cap
+        nodes); see :class:`MigInstances`.
 
         If NVML refuses one, those made for this claim are destroyed and the claim fails.
         """
-        out: list[tuple[ondemand.MigRecord | None, tuple[str, ...]]] = []
-        backend = self.backend
-        for gd in devices:
-            if gd.partition is None or not isinstance(backend, MigPartitioning):
-                out.append((None, ()))
-                continue
-            part = gd.partition
-            try:
-                async with self._mig_lock:
-                    mig = await asyncio.to_thread(
-                        backend.create_mig_device, gd.gpu.uuid, part.profile.id, part.placement
-                    )
-            except NvmlError as exc:
-                await self._destroy([r for r, _ in out if r is not None])
-                raise ClaimError(f"cannot make MIG device {gd.device.name}: {exc}") from None
-            record = ondemand.MigRecord(gd.gpu.uuid, mig.gi_id, mig.uuid)
-            caps = tuple(f"/dev/nvidia-caps/nvidia-cap{m}" for m in mig.cap_minors)
-            out.append((record, caps))
-            log.info(
-                "MIG device %s (%s, GPU instance %d) made on %s for claim %s",
-                mig.uuid,
-                part.profile.name,
-                mig.gi_id,
-                gd.gpu.uuid,
-                claim.ref,
-            )
-        return out
+        wanted = [
+            (gd.gpu.uuid, gd.partition, gd.device.name) if gd.partition is not None else None
+            for gd in devices
+        ]
+        if self.migs is None or not any(wanted):
+            return [(None, ()) for _ in devices]
+        made = await self.migs.make(claim.ref.uid, wanted)
+        return [
+            (ondemand.MigRecord(m.parent_uuid, m.gi_id, m.uuid), caps_of(m)) if m else (None, ())
+            for m in made
+        ]
 
     async def _destroy(self, records: Sequence[ondemand.MigRecord]) -> None:
         """Destroy these MIG devices (those still there).
@@ -392,14 +380,8 @@ class GpuDraDriver(Driver):
         Raises:
             NvmlError: NVML refused (``InUse`` ...).
         """
-        backend = self.backend
-        if not isinstance(backend, MigPartitioning):
-            return
-        for record in records:
-            async with self._mig_lock:
-                gone = await asyncio.to_thread(ondemand.destroy_if_ours, backend, record)
-            if gone:
-                log.info("MIG device %s (GPU instance %d) destroyed", record.uuid, record.gi)
+        if self.migs is not None:
+            await self.migs.destroy(records)
 
     async def unprepare(self, claim: PreparedClaim) -> None:
         """Destroy the MIG devices the claim had made; give each GPU the claim set a time
@@ -407,6 +389,10 @@ class GpuDraDriver(Driver):
         records = [r for r in map(ondemand.MigRecord.from_data, claim.data) if r is not None]
         try:
             await self._destroy(records)
+            if self.migs is not None and claim.devices and not any(claim.data):
+                # a prepare cut short: the instances at its placements no other claim owns
+                parts = self._partitions(claim, await self._known())
+                await self.migs.undo(claim.ref.uid, parts)
         except NvmlError as exc:  # the kubelet asks again
             raise ClaimError(f"cannot destroy the claim's MIG devices: {exc}") from None
         async with self._slice_lock:  # claims of an earlier run are known from restore()
@@ -418,10 +404,7 @@ class GpuDraDriver(Driver):
         """A prepare cut short (the driver killed, or the caller's deadline, in :meth:`prepare`)
         recorded nothing (a finished one records each device): give each GPU of the claim
         the time-slice level in force without it, whatever that prepare set (locked)."""
-        if self._opened is None and not self._by_name:
-            await asyncio.to_thread(self.open)
-        # before devices() runs (an undo at start), the GPUs are still in _opened
-        known = self._by_name or {gd.device.name: gd for gd in self._opened or ()}
+        known = await self._known()
         uuids = sorted({gd.gpu.uuid for _, _, name in claim.devices if (gd := known.get(name))})
         for uuid in uuids:
             level = _in_force(self._slices.get(uuid, {}))
@@ -441,6 +424,9 @@ class GpuDraDriver(Driver):
     async def restore(self, claims: Sequence[PreparedClaim]) -> None:
         """Take back what the claims prepared before a restart set (from their ``data``).
 
+        At start the GPUs are given the time-slice levels in force again (a reboot set them
+        back to Default) and, with MIG on demand, the instances no claim owns are destroyed
+        (those a claim owns and a reboot destroyed are made again by :meth:`refresh`).
         Also called with the whole new set when another instance of the driver on the node
         (a rolling upgrade) changed the checkpoint: the claims are the truth, the time
         slices known are rebuilt from them alone.
@@ -449,29 +435,84 @@ class GpuDraDriver(Driver):
             self._slices = {}
             for claim in claims:
                 self._remember(claim)
+            if not self._restored and self._slices:
+                await self._known()  # NVML started
+                await self._set_in_force(sorted(self._slices), "at start")
+            self._restored = True
         if self._slices:
             log.info("time slices of earlier claims restored on %d GPU(s)", len(self._slices))
-        if self.config.dra.mig_on_demand:
-            await self._destroy_orphans(claims)
+        if self.config.dra.mig_on_demand and self.migs is not None:
+            known = await self._known()
+            gpus = sorted({gd.gpu.uuid for gd in known.values() if gd.partition is not None})
+            await self.migs.restore(claims, gpus)
 
-    async def _destroy_orphans(self, claims: Sequence[PreparedClaim]) -> None:
-        """MIG on demand: destroy the GPU instances no prepared claim owns (the checkpoint
-        is the truth: one made by a run that died before checkpointing it is an orphan)."""
+    async def refresh(self, claim: PreparedClaim) -> Sequence[PreparedDevice | None] | None:
+        """Make what the claim's checkpoint entry says exists true again (a reboot): each
+        MIG device that is gone is made at its placement (new cap nodes: its device's
+        ``data`` and edits are answered); each GPU it set a time slice on is set to the
+        level in force."""
+        async with self._slice_lock:
+            mine = sorted({r["gpu"] for r in claim.data if "timeSlice" in r and "gpu" in r})
+            if mine:
+                await self._known()
+                await self._set_in_force([g for g in mine if g in self._slices], "again")
+        if self.migs is None or not any(map(ondemand.MigRecord.from_data, claim.data)):
+            return None
+        known = await self._known()
+        out: list[PreparedDevice | None] = []
+        for i, ((request, pool, name), data) in enumerate(
+            zip(claim.devices, claim.data, strict=False)
+        ):
+            record, gd = ondemand.MigRecord.from_data(data), known.get(name)
+            if record is None or gd is None or gd.partition is None:
+                out.append(None)
+                continue
+            try:
+                mig = await self.migs.remake(claim.ref.uid, record, gd.partition)
+            except NvmlError as exc:
+                raise ClaimError(f"cannot make MIG device {name} again: {exc}") from None
+            if mig is None:
+                out.append(None)
+                continue
+            new = ondemand.MigRecord(mig.parent_uuid, mig.gi_id, mig.uuid)
+            share = claim.share_ids[i] if i < len(claim.share_ids) else None
+            admin = claim.admin_access[i] if i < len(claim.admin_access) else False
+            device = AllocatedDevice(request, pool, name, gd.device, admin_access=admin,
+                                     share_id=share)  # fmt: skip
+            edits = self._edits(gd, i == 0, caps_of(mig))
+            out.append(PreparedDevice(device, edits, {**data, "mig": new.to_json()}))
+        out += [None] * (len(claim.devices) - len(out))
+        return out if any(out) else None
+
+    async def _known(self) -> dict[str, GpuDevice]:
+        """The devices by name, NVML started first if it was not (a call at start)."""
         if self._opened is None and not self._by_name:
             await asyncio.to_thread(self.open)
-        backend = self.backend
-        if not isinstance(backend, MigPartitioning):
-            return
-        gpus = sorted({gd.gpu.uuid for gd in self._opened or () if gd.partition is not None})
-        owned = [
-            r for c in claims for r in map(ondemand.MigRecord.from_data, c.data) if r is not None
-        ]
-        orphans = await asyncio.to_thread(ondemand.find_orphans, backend, gpus, owned)
-        for gpu, gi in orphans:
-            await asyncio.to_thread(backend.destroy_mig_device, gpu, gi)
-            log.warning(
-                "MIG on demand: GPU instance %d on %s owned by no claim: destroyed", gi, gpu
-            )
+        # before devices() runs (at start), the GPUs are still in _opened
+        return self._by_name or {gd.device.name: gd for gd in self._opened or ()}
+
+    @staticmethod
+    def _partitions(
+        claim: PreparedClaim, known: Mapping[str, GpuDevice]
+    ) -> list[tuple[str, Partition]]:
+        """``(GPU UUID, partition)`` of each of the claim's devices made on demand."""
+        out = []
+        for _, _, name in claim.devices:
+            gd = known.get(name)
+            if gd is not None and gd.partition is not None:
+                out.append((gd.gpu.uuid, gd.partition))
+        return out
+
+    async def _set_in_force(self, uuids: Sequence[str], why: str) -> None:
+        """Set each GPU's time-slice level in force (locked); a refusal is logged."""
+        for uuid in uuids:
+            level = _in_force(self._slices.get(uuid, {}))
+            try:
+                await asyncio.to_thread(self._set_time_slice, uuid, level)
+            except NvmlError as exc:
+                log.warning("cannot set the time-slice level of %s to %d: %s", uuid, level, exc)
+            else:
+                log.info("time-slice level of %s set to %d %s", uuid, level, why)
 
     def _remember(self, claim: PreparedClaim) -> None:
         """Record the time slices in ``claim``'s data that are not known yet."""
@@ -506,29 +547,6 @@ class GpuDraDriver(Driver):
                 )
             else:
                 log.info("time-slice level of %s back to %d", gpu_uuid, after)
-
-
-def share_env(allocated: AllocatedDevice, uuid: str, *, alone: bool) -> dict[str, str]:
-    """The env telling a container its memory share of GPU ``uuid`` (bytes), if a share.
-
-    Args:
-        allocated: The allocated device; a share has ``memory`` in its consumed capacity.
-        uuid: The GPU's (or MIG device's) UUID.
-        alone: The claim holds this one share: the plain variable is set too.
-    """
-    memory = allocated.consumed_capacity.get("memory")
-    if allocated.share_id is None or not memory:
-        return {}
-    try:
-        size = quantity_value(memory)
-    except ConfigError:
-        log.warning("share %s of %s: memory %r is no quantity", allocated.share_id, uuid, memory)
-        return {}
-    limit = str(-(-size.numerator // size.denominator))
-    env = {f"{MEMORY_LIMIT_ENV}_{uuid.replace('-', '_').upper()}": limit}
-    if alone:
-        env[MEMORY_LIMIT_ENV] = limit
-    return env
 
 
 def _in_force(by_claim: Mapping[str, tuple[int, int]]) -> int:

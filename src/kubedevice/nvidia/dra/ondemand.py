@@ -19,8 +19,10 @@ backend can make (:class:`~kubedevice.nvidia.backend.MigPartitioning`) is publis
 
 The scheduler alone then decides what fits: two devices that share a memory slice are
 never allocated together. Prepare makes the GPU instance at the device's placement and
-its compute instance; unprepare destroys it; at start, instances that no prepared claim
-(the checkpoint) owns are destroyed.
+its compute instance (or adopts the instance already there, at that placement and owned by
+no other claim: one made by a prepare that was cut off); unprepare destroys it; at start,
+instances that no prepared claim (the checkpoint) owns are destroyed, and an instance a
+prepared claim owns that is gone (a reboot destroys them all) is made again at its placement.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from kubedevice.dra import CounterConsumption, CounterSet, Device
 from kubedevice.nvidia.backend import (
     GpuInfo,
     GpuInstanceProfile,
+    MigDeviceInfo,
     MigPartitioning,
     MigPlacement,
     NvmlBackend,
@@ -49,7 +52,10 @@ __all__ = [
     "Partition",
     "counter_set_name",
     "destroy_if_ours",
+    "find_at",
     "find_orphans",
+    "holds",
+    "make_or_adopt",
     "memory_slice_counter",
     "on_demand_devices",
     "partitionable",
@@ -247,3 +253,45 @@ def destroy_if_ours(backend: MigPartitioning, record: MigRecord) -> bool:
             backend.destroy_mig_device(record.gpu, record.gi)
             return True
     return False
+
+
+def holds(backend: MigPartitioning, record: MigRecord) -> bool:
+    """Whether ``record``'s GPU instance still holds its MIG device (blocking)."""
+    return any(
+        gi.gi_id == record.gi and any(d.uuid == record.uuid for d in gi.devices)
+        for gi in backend.gpu_instances(record.gpu)
+    )
+
+
+def find_at(
+    backend: MigPartitioning, gpu: str, part: Partition, others: Iterable[int]
+) -> MigDeviceInfo | None:
+    """The MIG device of the GPU instance at ``part``'s profile and placement whose GI ID is
+    not one of ``others`` (those other claims own), if there is one (blocking)."""
+    taken = set(others)
+    for gi in backend.gpu_instances(gpu):
+        if (
+            gi.gi_id not in taken
+            and gi.profile_id == part.profile.id
+            and gi.placement == part.placement
+            and gi.devices
+        ):
+            return gi.devices[0]
+    return None
+
+
+def make_or_adopt(
+    backend: MigPartitioning, gpu: str, part: Partition, others: Iterable[int]
+) -> tuple[MigDeviceInfo, bool]:
+    """The MIG device at ``part``: the one already there if no other claim owns it (made
+    by a prepare cut off before it recorded it), else a new one; and whether it was there
+    (blocking).
+
+    Raises:
+        NvmlError: NVML refused (``InsufficientResources``: another claim's instance
+            overlaps).
+    """
+    there = find_at(backend, gpu, part, others)
+    if there is not None:
+        return there, True
+    return backend.create_mig_device(gpu, part.profile.id, part.placement), False

@@ -123,7 +123,6 @@ class FakeNvml:
         self._t0 = 0.0
         self._lost: set[str] = set()
         self._overrides: dict[str, dict[str, Any]] = {}
-        self._time_slices: dict[str, int] = {}
         self._watched: set[str] = set()
         self._events: collections.deque[HealthEvent] = collections.deque()
         self._interrupted = False
@@ -350,13 +349,16 @@ class FakeNvml:
         if level not in (0, 1, 2, 3):
             raise NvmlError("InvalidArgument", f"time-slice level {level} is not 0-3", uuid)
         self._gpu(uuid)
-        with self._lock:
-            self._time_slices[uuid] = level
+        self.partitions.set_time_slice(uuid, level)
 
     def time_slice(self, uuid: str) -> int:
         """A GPU's time-slice level (0 until set)."""
-        with self._lock:
-            return self._time_slices.get(uuid, 0)
+        return self.partitions.time_slice(uuid)
+
+    def reboot(self) -> None:
+        """Play a reboot of the GPUs: every MIG instance made is gone, every time-slice
+        level is Default (kept so in the state file, if there is one)."""
+        self.partitions.reboot()
 
     def apply_control(self, message: Mapping[str, Any]) -> None:
         """Act on one control message (the JSON of :func:`send_control`).

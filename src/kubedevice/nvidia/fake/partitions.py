@@ -16,7 +16,9 @@ one compute instance (ID 0) taking all of it; its ``nvidia-caps`` minors follow 
 driver's numbering (the ones the ``mig-mixed`` machine lists).
 
 What exists is kept in a JSON file when one is given (``KUBEDEVICE_FAKE_NVML_STATE``), as
-instances on a real GPU outlive the process that made them: a restarted driver finds them.
+instances on a real GPU outlive the process that made them: a restarted driver finds them;
+so are the GPUs' time-slice levels. A reboot destroys both: :meth:`FakePartitions.reboot`
+(or removing the file while no process uses it).
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ class FakePartitions:
         self._lock = threading.Lock()
         self._made: dict[str, dict[int, GpuInstance]] = {u: {} for u in gpus}
         self._parent: dict[str, str] = {}
+        self._time_slices: dict[str, int] = {}
         if path is not None:
             self._load(path)
 
@@ -174,7 +177,26 @@ class FakePartitions:
             return None
         return next((d for d in self.devices(parent) if d.uuid == mig_uuid), None)
 
+    def time_slice(self, gpu_uuid: str) -> int:
+        """A GPU's time-slice level (0, Default, until set)."""
+        with self._lock:
+            return self._time_slices.get(gpu_uuid, 0)
+
     # ---- changes
+
+    def set_time_slice(self, gpu_uuid: str, level: int) -> None:
+        with self._lock:
+            self._time_slices[gpu_uuid] = level
+            self._save()
+
+    def reboot(self) -> None:
+        """What a reboot does: every GPU instance gone, every time-slice level Default."""
+        with self._lock:
+            self._made = {u: {} for u in self._gpus}
+            self._parent = {}
+            self._time_slices = {}
+            self._save()
+        log.info("fake NVML: rebooted (no GPU instance, time slices Default)")
 
     def create(
         self, gpu_uuid: str, profile_id: int, placement: MigPlacement, static_count: int
@@ -287,7 +309,8 @@ class FakePartitions:
                 }
                 for g, made in self._made.items()
                 for gi in made.values()
-            ]
+            ],
+            "timeSlices": dict(sorted(self._time_slices.items())),
         }
         tmp = self._path.with_name(f".{self._path.name}.tmp")
         tmp.write_text(json.dumps(doc, indent=1))
@@ -304,6 +327,10 @@ class FakePartitions:
                 os.replace(path, aside)
             log.warning("fake NVML: state file %s unreadable (%s); set aside", path, exc)
             return
+        slices = doc.get("timeSlices") if isinstance(doc, dict) else None
+        for gpu_uuid, level in (slices or {}).items() if isinstance(slices, dict) else ():
+            if gpu_uuid in self._gpus and level in (0, 1, 2, 3):
+                self._time_slices[gpu_uuid] = level
         for item in doc.get("instances", []) if isinstance(doc, dict) else []:
             try:
                 gpu = self._gpus[item["gpu"]]
