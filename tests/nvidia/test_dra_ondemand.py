@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -219,5 +220,88 @@ async def test_at_start_instances_no_claim_owns_are_destroyed(gpu_host: Any) -> 
         assert "gpu-0-mig-3g-40gb-0" in devices
         await driver.unprepare(_prepared(claim, [record]))  # the restored claim goes
         assert host.nvml.gpu_instances(gpu) == []
+    finally:
+        await gen.aclose()
+
+
+async def test_a_retry_adopts_the_instance_a_cut_off_prepare_left_at_its_placement(
+    gpu_host: Any,
+) -> None:
+    """The kubelet's deadline cut a prepare off; NVML's thread made the instance anyway and
+    nothing recorded it. The retry takes that instance instead of failing on it."""
+    host = gpu_host("dgx-8gpu-mig")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        gpu = driver.gpu_devices[0].gpu.uuid
+        left = host.nvml.create_mig_device(gpu, 9, MigPlacement(4, 4))  # the cut-off one's
+        [prepared] = await driver.prepare(_claim(["gpu-0-mig-3g-40gb-4"], "retry"))
+        assert prepared.data["mig"] == {"gpu": gpu, "gi": left.gi_id, "uuid": left.uuid}
+        assert [g.gi_id for g in host.nvml.gpu_instances(gpu)] == [left.gi_id]
+        # an instance another claim owns is never taken: that one is refused by NVML
+        with pytest.raises(ClaimError, match="InsufficientResources"):
+            await driver.prepare(_claim(["gpu-0-mig-3g-40gb-4"], "other"))
+    finally:
+        await gen.aclose()
+
+
+async def test_a_cancelled_prepare_waits_for_nvml_and_destroys_what_it_made(
+    gpu_host: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = gpu_host("dgx-8gpu-mig")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    entered, release, ended = threading.Event(), threading.Event(), threading.Event()
+    real_create = host.nvml.create_mig_device
+
+    def slow_create(*args: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        try:
+            return real_create(*args)
+        finally:
+            ended.set()
+
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        gpu = driver.gpu_devices[0].gpu.uuid
+        monkeypatch.setattr(host.nvml, "create_mig_device", slow_create)
+        claim = _claim(["gpu-0-mig-3g-40gb-4"], "cut")
+        task = asyncio.create_task(driver.prepare(claim))
+        assert await asyncio.to_thread(entered.wait, 10)
+        task.cancel()  # the kubelet's deadline: NVML's thread goes on
+        await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ended.is_set()  # the cancelled prepare ended after NVML did
+        assert host.nvml.gpu_instances(gpu) == []  # and destroyed what it made
+        monkeypatch.setattr(host.nvml, "create_mig_device", real_create)
+        [prepared] = await driver.prepare(claim)  # the retry
+        assert [g.placement for g in host.nvml.gpu_instances(gpu)] == [MigPlacement(4, 4)]
+        assert prepared.data["mig"]["uuid"] == host.nvml.gpu_instances(gpu)[0].devices[0].uuid
+    finally:
+        release.set()
+        await gen.aclose()
+
+
+async def test_unpreparing_a_claim_that_recorded_nothing_destroys_its_placements_instance(
+    gpu_host: Any,
+) -> None:
+    """The kit undoes an interrupted prepare with ``unprepare`` and no data: the instance
+    at the claim's placement goes, one another claim owns stays."""
+    host = gpu_host("dgx-8gpu-mig")
+    driver = GpuDraDriver(_config(host), host.nvml)
+    gen = driver.devices()
+    try:
+        await _next(gen)
+        gpu = driver.gpu_devices[0].gpu.uuid
+        kept = await driver.prepare(_claim(["gpu-0-mig-2g-20gb-0"], "kept"))
+        host.nvml.create_mig_device(gpu, 9, MigPlacement(4, 4))  # a cut-off prepare's
+        cut = _claim(["gpu-0-mig-3g-40gb-4", "gpu-0-mig-2g-20gb-0"], "cut")
+        await driver.unprepare(_prepared(cut, [{}, {}]))
+        [left] = host.nvml.gpu_instances(gpu)
+        assert left.devices[0].uuid == kept[0].data["mig"]["uuid"]
     finally:
         await gen.aclose()
