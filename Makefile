@@ -71,7 +71,8 @@ e2e: setup
 
 # The project's image from the Dockerfile's steps, without Docker or a registry (as root:
 # mmdebstrap, pip, chroot; scripts/build_image.py): import it with ctr -n k8s.io images import.
-image-tar: setup
+# It needs only a Python with pip: the runtime venv (what `make demo` makes), not the dev tools.
+image-tar: $(RUNTIME_STAMP)
 	PYTHON=$(BIN)/python scripts/build-image --out kubedevice-image.tar --tag kubedevice:0.1.0
 
 proto: setup

@@ -79,3 +79,24 @@ def test_a_new_env_or_command_in_the_dockerfile_reaches_the_plan(tmp_path: Path)
     p = bi.plan(_dockerfile(tmp_path, 'ENV EXTRA=1\nCMD ["nvidia", "run"]\n'))
     assert p.env["EXTRA"] == "1"
     assert p.cmd == ["nvidia", "run"]
+
+
+def test_make_image_tar_installs_only_the_runtime(tmp_path: Path) -> None:
+    """``make image-tar`` on a fresh clone needs a Python with pip, not the dev toolchain
+    (ruff, mypy, pytest, the API client, helm: about 900 MB). ``make -n`` prints the
+    commands without running them."""
+    import shutil
+    import subprocess
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here")
+    venv = tmp_path / "venv"
+    proc = subprocess.run(
+        [make, "-n", "--no-print-directory", "image-tar", f"VENV={venv}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert not [line for line in lines if "[dev]" in line], proc.stdout
+    assert f"{venv}/bin/pip install --quiet --disable-pip-version-check -e ." in lines
+    assert lines[-1].startswith(f"PYTHON={venv}/bin/python scripts/build-image --out ")

@@ -243,3 +243,31 @@ def test_log_format_from_the_environment_as_the_sdk_has_it() -> None:
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2, output
     assert output.strip() == "error: KUBEDEVICE_LOG_FORMAT='yaml' is not one of text, json"
+
+
+def test_a_bad_request_policy_is_one_line_and_exit_2(
+    tmp_path: Path, kdir: Path, kubeconfig: Path, node_name: str
+) -> None:
+    """The example with a request policy the API server would refuse: the driver stops with
+    one line naming the device and the capacity, no traceback."""
+    source = EXAMPLE.read_text()
+    capacity = 'capacity={"memory": "1Gi"},'
+    assert capacity in source
+    bad = tmp_path / "bad_policy.py"
+    bad.write_text(
+        source.replace(
+            capacity,
+            capacity + ' request_policies={"memory": dra.RequestPolicy(default="1Gi")},',
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(bad), "--node-name", node_name, "--kubeconfig", str(kubeconfig),
+         "--kubelet-dir", str(kdir), "--cdi-dir", str(kdir / "cdi")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "NODE_NAME": ""},
+    )  # fmt: skip
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, output
+    assert "Traceback" not in output
+    [line] = [x for x in output.splitlines() if "ERROR" in x or "error" in x]
+    assert "device counter-0: capacity memory: a requestPolicy needs" in line, output

@@ -286,10 +286,18 @@ class DriverServer:
         if task.cancelled():
             return
         error = task.exception()
-        if error is not None:
+        if error is None:
+            return
+        failed = self._failed
+        reported = failed is not None and not failed.done()
+        if not isinstance(error, KubeDeviceError):  # a bug: its traceback helps
             log.error("%s failed: %s", task.get_name(), error, exc_info=error)
-            if self._failed is not None and not self._failed.done():
-                self._failed.set_result(error)
+        elif reported:  # serve() ends with it: one line there (a bad device, an API error)
+            log.debug("%s failed: %s", task.get_name(), error, exc_info=error)
+        else:
+            log.error("%s failed: %s", task.get_name(), error)
+        if failed is not None and reported:
+            failed.set_result(error)
 
     async def _consume(self) -> None:
         async for snapshot in self.driver.devices():
