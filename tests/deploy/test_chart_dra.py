@@ -479,7 +479,7 @@ def test_evict_on_becomes_flags_and_the_schema_refuses_a_bad_fault() -> None:
     assert "evictOn" in proc.stderr
 
 
-def test_each_drivers_service_account_may_write_only_its_own_nodes_slices() -> None:
+def test_each_drivers_service_account_may_write_only_its_own_slices_of_its_own_node() -> None:
     docs = render(values=DRA_ON)
     for component in ("nvidia", "generic"):
         name = f"kubedevice-dra-{component}"
@@ -491,8 +491,13 @@ def test_each_drivers_service_account_may_write_only_its_own_nodes_slices() -> N
         assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
         [match] = spec["matchConditions"]
         assert f'"system:serviceaccount:kube-system:{name}"' in match["expression"]
-        node = {v["name"]: v["expression"] for v in spec["variables"]}["node"]
-        assert "authentication.kubernetes.io/node-name" in node
+        variables = {v["name"]: v["expression"] for v in spec["variables"]}
+        assert "authentication.kubernetes.io/node-name" in variables["node"]
+        assert "object.spec.?driver" in variables["sliceDrivers"]
+        assert "oldObject.spec.?driver" in variables["sliceDrivers"]  # UPDATE and DELETE
+        driver = f"{component.replace('nvidia', 'gpu').replace('generic', 'dev')}.kubedevice.io"
+        own = [v["expression"] for v in spec["validations"] if "sliceDrivers" in v["expression"]]
+        assert own == [f"variables.sliceDrivers.all(d, d == '{driver}')"]
         binding = _named(docs, "ValidatingAdmissionPolicyBinding", f"{name}-own-node")
         assert binding["spec"] == {"policyName": f"{name}-own-node", "validationActions": ["Deny"]}
     off = render(values={**DRA_ON, "dra.nodeRestriction": "false"})

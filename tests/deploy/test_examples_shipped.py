@@ -65,12 +65,13 @@ def test_the_dra_driver_template_is_valid_kubernetes() -> None:
 
     docs = [d for d in yaml.safe_load_all(shipped()["kubedevice-dra-driver.yaml"]) if d]
     assert [d["kind"] for d in docs] == [
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ]  # fmt: skip
     for doc in docs:
         kubernetes_validate.validate(doc, "1.34", strict=True)
     # it rolls with a surge, each pod's sockets named by its UID (docs/dra.md, "Upgrades")
-    [ds] = docs[3:]
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     [driver] = ds["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("valueFrom") for e in driver["env"]}
@@ -88,7 +89,11 @@ def test_the_upgrade_manifest_in_the_docs_is_valid_and_rolls_as_the_template_doe
     [block] = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
     [ds] = [d for d in yaml.safe_load_all(block) if d]
     kubernetes_validate.validate(ds, "1.34", strict=True)
-    [template] = [d for d in yaml.safe_load_all(shipped()["kubedevice-dra-driver.yaml"]) if d][3:]
+    [template] = [
+        d
+        for d in yaml.safe_load_all(shipped()["kubedevice-dra-driver.yaml"])
+        if d and d["kind"] == "DaemonSet"
+    ]
     assert ds["spec"]["updateStrategy"] == template["spec"]["updateStrategy"]
     [ours] = ds["spec"]["template"]["spec"]["containers"]
     [theirs] = template["spec"]["template"]["spec"]["containers"]

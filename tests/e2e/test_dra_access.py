@@ -4,7 +4,8 @@ The chart's ServiceAccount, ClusterRole (+binding) and ValidatingAdmissionPolicy
 for the /dev driver are created as rendered; a pod of that ServiceAccount is bound to this
 cluster's node (``kd-node``) and a token is requested for it (a pod-bound token: the API
 server puts the pod's node into its user info). With that token: the node's own
-ResourceSlice may be written, another node's is refused by the policy; a claim's
+ResourceSlice may be written, another node's is refused by the policy, and so is another
+driver's (``gpu.kubedevice.io``) slice of its own node; a claim's
 ``status.devices`` may be written for a claim allocated on the node, and is refused for a
 claim allocated on another node (Kubernetes 1.36: the chart grants ``associated-node``
 patch/update on ``resourceclaims/driver``; another node's claim needs ``arbitrary-node``).
@@ -18,7 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from deploy.render import by_kind, render
+import yaml
+from deploy.render import ROOT, by_kind, render
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -27,6 +29,7 @@ from .cluster import NODE, Cluster, poll_until
 pytestmark = pytest.mark.timeout(180)
 
 DRIVER = "dev.kubedevice.io"
+GPU_DRIVER = "gpu.kubedevice.io"
 OTHER = "other-node"
 
 
@@ -34,11 +37,23 @@ OTHER = "other-node"
 def _chart_access(cluster: Cluster, ns: str) -> Iterator[str]:
     """The chart's ServiceAccount, RBAC and admission policy of the /dev driver; its name."""
     docs = render(namespace=ns, release=f"acc-{ns[-5:]}", values={"dra.generic.enabled": "true"})
+    with _access(cluster, docs, ns) as name:
+        yield name
+
+
+@contextlib.contextmanager
+def _access(cluster: Cluster, docs: list[dict[str, Any]], ns: str) -> Iterator[str]:
+    """The ServiceAccount (in ``ns``), RBAC and admission policy of ``docs``; its name."""
     rbac = client.RbacAuthorizationV1Api(cluster.api)
     admission = client.AdmissionregistrationV1Api(cluster.api)
     [sa] = by_kind(docs, "ServiceAccount")
     cluster.core.create_namespaced_service_account(ns, sa)
-    made: list[tuple[Any, str]] = []
+    made: list[tuple[Any, str]] = [
+        (
+            lambda name: cluster.core.delete_namespaced_service_account(name, ns),
+            sa["metadata"]["name"],
+        )
+    ]
     try:
         for create, delete, kind in (
             (rbac.create_cluster_role, rbac.delete_cluster_role, "ClusterRole"),
@@ -68,14 +83,14 @@ def _chart_access(cluster: Cluster, ns: str) -> Iterator[str]:
                 delete(name)
 
 
-def _pod_token(cluster: Cluster, ns: str, sa: str) -> str:
+def _pod_token(cluster: Cluster, ns: str, sa: str, pod_name: str = "driver") -> str:
     """A token of ``sa`` bound to a pod on ``NODE`` (as the kubelet mounts one)."""
     pod = cluster.core.create_namespaced_pod(
         ns,
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "driver"},
+            "metadata": {"name": pod_name},
             "spec": {
                 "nodeName": NODE,
                 "serviceAccountName": sa,
@@ -95,7 +110,7 @@ def _pod_token(cluster: Cluster, ns: str, sa: str) -> str:
                 "boundObjectRef": {
                     "apiVersion": "v1",
                     "kind": "Pod",
-                    "name": "driver",
+                    "name": pod_name,
                     "uid": pod.metadata.uid,
                 },
             }
@@ -104,13 +119,13 @@ def _pod_token(cluster: Cluster, ns: str, sa: str) -> str:
     return str(answer.status.token)
 
 
-def _slice(node: str, name: str) -> dict[str, Any]:
+def _slice(node: str, name: str, driver: str = DRIVER) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
         "spec": {
-            "driver": DRIVER,
+            "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
             "devices": [{"name": "d0"}],
@@ -182,6 +197,7 @@ def test_a_drivers_credentials_write_only_their_own_nodes_slices_and_claims(
         as_driver = cluster.client_for(token)
         slices = client.ResourceV1Api(as_driver)
         mine, theirs = f"{NODE}-{ns[-5:]}", f"{OTHER}-{ns[-5:]}"
+        gpus = f"gpu-{NODE}-{ns[-5:]}"
         try:
             # the policy takes effect once the API server has loaded it: refused from then on
             refusal: list[ApiException] = []
@@ -217,6 +233,19 @@ def test_a_drivers_credentials_write_only_their_own_nodes_slices_and_claims(
             with pytest.raises(ApiException) as exc:
                 slices.delete_resource_slice(theirs)
             assert exc.value.status == 403
+            # another driver's slice of its own node: neither created nor deleted
+            with pytest.raises(ApiException) as exc:
+                slices.create_resource_slice(_slice(NODE, gpus, GPU_DRIVER))
+            assert exc.value.status == 403
+            message = json.loads(exc.value.body)["message"]
+            assert f"the DRA driver {DRIVER} may write only its own ResourceSlices" in message
+            assert f"driver {GPU_DRIVER}" in message
+            admin.create_resource_slice(_slice(NODE, gpus, GPU_DRIVER))
+            with pytest.raises(ApiException) as exc:
+                slices.delete_resource_slice(gpus)
+            assert exc.value.status == 403
+            assert f"not those of driver {GPU_DRIVER}" in json.loads(exc.value.body)["message"]
+            admin.read_resource_slice(gpus)  # still there
 
             # claim status: this node's claim yes, another node's claim no
             _claim(cluster, ns, "here", NODE)
@@ -237,4 +266,52 @@ def test_a_drivers_credentials_write_only_their_own_nodes_slices_and_claims(
                 admin.delete_resource_slice(theirs)
             with contextlib.suppress(ApiException):
                 admin.delete_resource_slice(mine)
+            with contextlib.suppress(ApiException):
+                admin.delete_resource_slice(gpus)
+            as_driver.close()
+
+
+def test_the_driver_templates_policy_keeps_its_token_to_its_node_and_driver_name(
+    cluster: Cluster, ns: str
+) -> None:
+    """deploy/kubedevice-dra-driver.yaml's RBAC and policy, as shipped (kube-system)."""
+    docs = [
+        d for d in yaml.safe_load_all((ROOT / "deploy/kubedevice-dra-driver.yaml").read_text()) if d
+    ]
+    admin = client.ResourceV1Api(cluster.api)
+    counter, pod = "counter.example.com", f"counter-{ns[-5:]}"
+    mine, theirs, other = (f"{x}-{ns[-5:]}" for x in ("counter", "counter-there", "dev-here"))
+    with _access(cluster, docs, "kube-system") as sa:
+        as_driver = cluster.client_for(_pod_token(cluster, "kube-system", sa, pod))
+        slices = client.ResourceV1Api(as_driver)
+        try:
+
+            def refused() -> bool:
+                try:
+                    slices.create_resource_slice(_slice(OTHER, theirs, counter))
+                except ApiException as exc:
+                    if exc.status == 403 and "ValidatingAdmissionPolicy" in str(exc.body):
+                        return True
+                    raise
+                slices.delete_resource_slice(theirs)  # created before the policy was active
+                return False
+
+            poll_until("the template's policy refuses another node's slice", refused, 30)
+            slices.create_resource_slice(_slice(NODE, mine, counter))
+            slices.delete_resource_slice(mine)
+            with pytest.raises(ApiException) as exc:
+                slices.create_resource_slice(_slice(NODE, other, DRIVER))
+            assert exc.value.status == 403
+            message = json.loads(exc.value.body)["message"]
+            assert f"counter.example.com on node {NODE} may write only its own" in message
+            admin.create_resource_slice(_slice(NODE, other, DRIVER))
+            with pytest.raises(ApiException) as exc:
+                slices.delete_resource_slice(other)
+            assert exc.value.status == 403
+        finally:
+            for name in (mine, theirs, other):
+                with contextlib.suppress(ApiException):
+                    admin.delete_resource_slice(name)
+            with contextlib.suppress(ApiException):
+                cluster.core.delete_namespaced_pod(pod, "kube-system", grace_period_seconds=0)
             as_driver.close()
