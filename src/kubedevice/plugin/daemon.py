@@ -14,12 +14,13 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from kubedevice.errors import ConfigError, KubeDeviceError, PluginServerError
 
 if TYPE_CHECKING:
     from kubedevice.plugin.metrics import PluginMetrics
+    from kubedevice.plugin.statushttp import StatusHttp
 
 __all__ = [
     "FileWatch",
@@ -30,7 +31,7 @@ __all__ = [
 ]
 
 
-def serve_metrics(metrics: PluginMetrics, address: str) -> Any:
+async def serve_metrics(metrics: PluginMetrics, address: str) -> StatusHttp:
     """Serve ``metrics`` over HTTP on ``address``; return the HTTP server.
 
     Raises:
@@ -38,7 +39,7 @@ def serve_metrics(metrics: PluginMetrics, address: str) -> Any:
         PluginServerError: ``address`` cannot be listened on.
     """
     try:
-        return metrics.serve_http(address)
+        return await metrics.serve_http(address)
     except (ValueError, OverflowError) as exc:
         raise ConfigError(
             f"metrics address: expected HOST:PORT with a port 0-65535 (got {address!r})"

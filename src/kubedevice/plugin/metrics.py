@@ -6,11 +6,14 @@ plugin that does not ask for metrics does not pay for the import.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from kubedevice.plugin.statushttp import StatusHttp
 
 __all__ = ["PluginMetrics", "parse_metrics_address"]
 
@@ -141,8 +144,10 @@ class PluginMetrics:
                 with contextlib.suppress(KeyError):
                     gauge.remove(*label)
 
-    def serve_http(self, address: str) -> Any:
-        """Expose the registry over HTTP on ``address`` (``host:port`` or ``:port``).
+    async def serve_http(self, address: str) -> StatusHttp:
+        """Expose the registry over HTTP on ``address`` (``host:port`` or ``:port``) at
+        ``/metrics``, on the running event loop, with bounded connections
+        (:mod:`kubedevice.plugin.statushttp`).
 
         Args:
             address: Where to listen.
@@ -152,10 +157,21 @@ class PluginMetrics:
             OSError: It cannot be listened on.
 
         Returns:
-            The HTTP server; call ``shutdown()`` on it to stop.
+            The HTTP server (``server_address`` is where it listens); ``await`` its
+            ``stop()`` to stop.
         """
-        from prometheus_client import start_http_server
+        from kubedevice.plugin.statushttp import StatusHttp
 
         host, port = parse_metrics_address(address)
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server
+        http = StatusHttp(host, port, self._answer)
+        await http.start()
+        return http
+
+    async def _answer(self, path: str) -> tuple[int, str, bytes]:
+        if path in ("/metrics", "/"):
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            # in a thread: a collector may block (NVML, the kubelet's PodResources)
+            text = await asyncio.to_thread(generate_latest, self.registry)
+            return 200, CONTENT_TYPE_LATEST, text
+        return 404, "text/plain", b"not found: /metrics\n"

@@ -23,7 +23,7 @@ import socket
 import stat
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -49,6 +49,7 @@ from kubedevice.plugin.watch import OVERFLOW, DirWatcher
 
 if TYPE_CHECKING:
     from kubedevice.plugin.metrics import PluginMetrics
+    from kubedevice.plugin.statushttp import StatusHttp
 
 __all__ = ["PluginServer", "ServerState"]
 
@@ -82,28 +83,6 @@ def _answers(path: Path) -> bool:
 
 async def _starting(path: Path) -> None:
     """Called after our socket is in place and before its gRPC server starts (a test seam)."""
-
-
-async def _stop_http(http: Any) -> None:
-    """Stop the metrics HTTP server without waiting out its poll interval.
-
-    ``shutdown()`` only raises a flag that ``serve_forever`` reads between ``select`` calls
-    of 0.5 s each, so a plain call cost every daemon half a second between SIGTERM and exit.
-    A connection to the listening socket wakes that ``select`` at once: it is made until the
-    loop has seen the flag (the first one may come before ``shutdown()`` has raised it).
-    """
-    stopping = asyncio.ensure_future(asyncio.to_thread(http.shutdown))
-    host, port = http.server_address[:2]
-    if host in ("", "0.0.0.0", "::"):
-        host = "::1" if host == "::" else "127.0.0.1"
-    while not stopping.done():
-        with contextlib.suppress(OSError, TimeoutError):
-            async with asyncio.timeout(0.2):
-                _reader, writer = await asyncio.open_connection(host, port)
-                writer.close()
-        await asyncio.wait({stopping}, timeout=0.05)
-    await stopping
-    http.server_close()
 
 
 class _Runtime:
@@ -516,7 +495,7 @@ class PluginServer:
             if metrics is None:
                 metrics = PluginMetrics()
         self.metrics_address = metrics_address
-        self._http: Any = None
+        self._http: StatusHttp | None = None
         self.device_plugin_dir = resolve_device_plugin_dir(device_plugin_dir)
         self.register_timeout = register_timeout
         self.stream_grace = stream_grace
@@ -577,7 +556,7 @@ class PluginServer:
             raise PluginServerError(f"cannot watch {directory}: {exc}") from exc
         if self.metrics is not None and self.metrics_address is not None:
             try:
-                self._http = serve_metrics(self.metrics, self.metrics_address)
+                self._http = await serve_metrics(self.metrics, self.metrics_address)
             except KubeDeviceError:
                 await self._watcher.stop()
                 self._watcher = None
@@ -612,7 +591,7 @@ class PluginServer:
             self._watcher = None
         http, self._http = self._http, None
         if http is not None:
-            await _stop_http(http)
+            await http.stop()
 
     def check_plugin(self, plugin: DevicePlugin) -> tuple[str, str]:
         """What :meth:`add` checks before it binds: names, hooks, the socket path's length.

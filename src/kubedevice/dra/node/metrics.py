@@ -1,7 +1,8 @@
 """A DRA driver's HTTP endpoint: Prometheus ``/metrics``, ``/healthz`` and ``/readyz``.
 
 Served on ``--metrics-address`` (``HOST:PORT``) by the driver's own event loop, so an
-answer also says the loop is not stuck. ``prometheus_client`` is imported only when a
+answer also says the loop is not stuck; at most 64 connections at once, 5 s to send the
+request (:mod:`kubedevice.plugin.statushttp`). ``prometheus_client`` is imported only when a
 driver serves it; the metrics live in a registry of their own.
 
 - ``/healthz``: 200 while the DRA socket is served and no background job has failed
@@ -19,8 +20,6 @@ driver serves it; the metrics live in a registry of their own.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -37,7 +36,6 @@ __all__ = ["DraMetrics", "ServerState", "StatusEndpoint"]
 log = logging.getLogger(__name__)
 
 _BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_MAX_REQUEST: Final = 8192  # bytes of request line and headers read
 
 
 class ServerState(Protocol):
@@ -180,7 +178,8 @@ class _StateCollector:
 
 
 class StatusEndpoint:
-    """The HTTP server of ``/metrics``, ``/healthz`` and ``/readyz`` on the event loop.
+    """The HTTP server of ``/metrics``, ``/healthz`` and ``/readyz`` on the event loop, with
+    bounded connections (:mod:`kubedevice.plugin.statushttp`).
 
     Args:
         address: ``HOST:PORT`` (``:PORT`` is every address; port 0 picks a free one).
@@ -197,12 +196,23 @@ class StatusEndpoint:
         ready: Callable[[], str | None],
     ) -> None:
         from kubedevice.plugin.metrics import parse_metrics_address
+        from kubedevice.plugin.statushttp import StatusHttp
 
-        self.host, self.port = parse_metrics_address(address)
+        host, port = parse_metrics_address(address)
         self.metrics = metrics
         self._live = live
         self._ready = ready
-        self._server: asyncio.Server | None = None
+        self.http = StatusHttp(host, port, self._answer)
+
+    @property
+    def host(self) -> str:
+        """The address listened on."""
+        return self.http.host
+
+    @property
+    def port(self) -> int:
+        """The port (the bound one once started)."""
+        return self.http.port
 
     async def start(self) -> None:
         """Listen (``port`` is then the bound port).
@@ -210,44 +220,14 @@ class StatusEndpoint:
         Raises:
             OSError: The address cannot be listened on.
         """
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self.http.start()
         log.info("serving /metrics, /healthz and /readyz on %s:%d", self.host, self.port)
 
     async def stop(self) -> None:
         """Stop listening and close the connections."""
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        await self.http.stop()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
-            method, path = _request_line(head)
-            status, ctype, body = self._answer(method, path)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-            status, ctype, body = 400, "text/plain", b"bad request\n"
-        except ValueError as exc:
-            status, ctype, body = 400, "text/plain", f"{exc}\n".encode()
-        except ConnectionError:
-            writer.close()
-            return
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-        header = (
-            f"HTTP/1.1 {status} {reason.get(status, 'Service Unavailable')}\r\n"
-            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        with contextlib.suppress(ConnectionError):
-            writer.write(header.encode() + (body if method != "HEAD" else b""))
-            await writer.drain()
-        writer.close()
-
-    def _answer(self, method: str, path: str) -> tuple[int, str, bytes]:
-        if method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"only GET\n"
-        path = path.split("?", 1)[0]
+    async def _answer(self, path: str) -> tuple[int, str, bytes]:
         if path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -258,13 +238,3 @@ class StatusEndpoint:
                 return 200, "text/plain", b"ok\n"
             return 503, "text/plain", f"{why}\n".encode()
         return 404, "text/plain", b"not found: /metrics, /healthz, /readyz\n"
-
-
-def _request_line(head: bytes) -> tuple[str, str]:
-    if len(head) > _MAX_REQUEST:
-        raise ValueError("request too long")
-    line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        raise ValueError("not an HTTP request line")
-    return parts[0], parts[1]
