@@ -41,6 +41,7 @@ FLAG_OF_ENV = {
     "KUBEDEVICE_NVML": "--nvml",
     "KUBEDEVICE_LOG_FORMAT": "--log-format",
     "KUBEDEVICE_LOG_LEVEL": "--log-level",
+    "KUBEDEVICE_STOP_GRACE": "--stop-grace",
 }
 
 #: names that would say the same thing as one of ours in other words

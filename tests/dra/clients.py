@@ -43,37 +43,42 @@ async def register(reg_socket: Path) -> reg.PluginInfo:
     return info
 
 
-async def prepare(dra_socket: Path, claims: Sequence[ClaimTuple], version: str = "v1") -> Any:
+async def prepare(
+    dra_socket: Path, claims: Sequence[ClaimTuple], version: str = "v1", timeout: float = 30
+) -> Any:
+    """``NodePrepareResources`` with a deadline ``timeout`` seconds away (the kubelet's: 45)."""
     async with channel(dra_socket) as ch:
         if version == "v1":
             return await v1_grpc.DRAPluginStub(ch).NodePrepareResources(
                 v1.NodePrepareResourcesRequest(
                     claims=[v1.Claim(namespace=n, name=m, uid=u) for n, m, u in claims]
                 ),
-                timeout=30,
+                timeout=timeout,
             )
         return await v1beta1_grpc.DRAPluginStub(ch).NodePrepareResources(
             v1beta1.NodePrepareResourcesRequest(
                 claims=[v1beta1.Claim(namespace=n, name=m, uid=u) for n, m, u in claims]
             ),
-            timeout=30,
+            timeout=timeout,
         )
 
 
-async def unprepare(dra_socket: Path, claims: Sequence[ClaimTuple], version: str = "v1") -> Any:
+async def unprepare(
+    dra_socket: Path, claims: Sequence[ClaimTuple], version: str = "v1", timeout: float = 30
+) -> Any:
     async with channel(dra_socket) as ch:
         if version == "v1":
             return await v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
                 v1.NodeUnprepareResourcesRequest(
                     claims=[v1.Claim(namespace=n, name=m, uid=u) for n, m, u in claims]
                 ),
-                timeout=30,
+                timeout=timeout,
             )
         return await v1beta1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
             v1beta1.NodeUnprepareResourcesRequest(
                 claims=[v1beta1.Claim(namespace=n, name=m, uid=u) for n, m, u in claims]
             ),
-            timeout=30,
+            timeout=timeout,
         )
 
 

@@ -390,9 +390,11 @@ class _Blocking(FakeDriver):
         return await dra.Driver.prepare(self, claim)
 
 
-async def test_a_prepare_cut_short_by_the_deadline_is_undone_by_the_next_unprepare(
+async def test_a_prepare_cut_short_by_the_deadline_runs_on_and_the_next_unprepare_undoes_it(
     kdir: Path, kubeconfig: Path, node_name: str, api: Api
 ) -> None:
+    """The caller gives up; the hook goes on to its end (test_cutoff.py has more), and the
+    unprepare that follows waits for it, then undoes what it made."""
     ref = _claim(api, f"cut-{node_name}", [result("gpu", DRIVER, node_name, "gpu-0")])
     driver = _Blocking(gpus(1))
     async with server(driver, kdir, kubeconfig, node_name):
@@ -409,7 +411,11 @@ async def test_a_prepare_cut_short_by_the_deadline_is_undone_by_the_next_unprepa
                 await call
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert driver.entered.is_set()  # the hook was running when the caller gave up
-        assert (await clients.unprepare(_sock(kdir), [ref])).claims[ref[2]].error == ""
+        unprepare = asyncio.ensure_future(clients.unprepare(_sock(kdir), [ref]))
+        done, _ = await asyncio.wait({unprepare}, timeout=0.3)
+        assert not done  # it waits for the hook
+        driver.release.set()
+        assert (await unprepare).claims[ref[2]].error == ""
         assert [c.ref.uid for c in driver.unprepared] == [ref[2]]  # the hook's work undone
         saved = json.loads((kdir / "plugins" / DRIVER / "checkpoint.json").read_text())
         assert saved["claims"] == {}

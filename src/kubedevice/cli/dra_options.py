@@ -142,6 +142,17 @@ def dra_options(default_driver_name: str, *, cdi_default: str) -> Callable[[F], 
                 "the kubelet's 45 s for a claim).",
             ),
             click.option(
+                "--stop-grace",
+                envvar="KUBEDEVICE_STOP_GRACE",
+                show_envvar=True,
+                default=25.0,
+                show_default=True,
+                type=click.FloatRange(0, 3600),
+                help="On SIGTERM, how long the prepare and unprepare calls in flight (the "
+                "driver's hooks) may still run before the driver exits; keep it a little "
+                "under the pod's terminationGracePeriodSeconds. An idle driver exits at once.",
+            ),
+            click.option(
                 "--no-health", is_flag=True, help="Do not serve the kubelet's health stream."
             ),
             click.option(
@@ -177,6 +188,7 @@ def driver_options(
     metrics_address: str | None = None,
     api_timeout: float = 30.0,
     pod_uid: str | None = None,
+    stop_grace: float | None = None,
 ) -> DriverOptions:
     """The :class:`~kubedevice.dra.DriverOptions` of the parsed options."""
     from kubedevice.dra import DriverOptions
@@ -192,6 +204,7 @@ def driver_options(
         metrics_address=metrics_address,
         api_timeout=api_timeout,
         pod_uid=pod_uid,
+        stop_grace=stop_grace,
     )
 
 

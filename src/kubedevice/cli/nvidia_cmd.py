@@ -205,6 +205,7 @@ def dra_command(
     cdi_dir: Path | None,
     kubeconfig: Path | None,
     api_timeout: float,
+    stop_grace: float,
     no_health: bool,
     evict_on: tuple[str, ...],
     cleanup: bool,
@@ -300,6 +301,7 @@ def dra_command(
         metrics_address,
         api_timeout,
         pod_uid=pod_uid,
+        stop_grace=stop_grace,
     )
     try:
         options.resolved(driver)  # a bad name or no node name: before NVML starts

@@ -91,6 +91,7 @@ def run_command(
     cdi_dir: Path | None,
     kubeconfig: Path | None,
     api_timeout: float,
+    stop_grace: float,
     no_health: bool,
     evict_on: tuple[str, ...],
     cleanup: bool,
@@ -147,6 +148,7 @@ def run_command(
             metrics_address,
             api_timeout,
             pod_uid=pod_uid,
+            stop_grace=stop_grace,
         )
         run_driver(
             GenericDraDriver(cfg),

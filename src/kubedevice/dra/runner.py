@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_KUBELET_DIR",
     "ENV_NODE_NAME",
     "ENV_POD_UID",
+    "ENV_STOP_GRACE",
     "DriverOptions",
     "argument_parser",
     "cleanup",
@@ -56,6 +57,14 @@ ENV_NODE_NAME: Final = "NODE_NAME"
 ENV_POD_UID: Final = "POD_UID"
 #: The total time of one API call, retries included (``--api-timeout``).
 DEFAULT_API_TIMEOUT_S: Final = 30.0
+#: The environment variable ``--stop-grace`` defaults to (set it a little under the pod's
+#: ``terminationGracePeriodSeconds``).
+ENV_STOP_GRACE: Final = "KUBEDEVICE_STOP_GRACE"
+#: On SIGTERM, how long the calls in flight may still run (``--stop-grace``): under the
+#: pod's default ``terminationGracePeriodSeconds`` of 30.
+DEFAULT_STOP_GRACE_S: Final = 25.0
+#: The largest ``--stop-grace``.
+MAX_STOP_GRACE_S: Final = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,10 @@ class DriverOptions:
             one, the sockets are ``dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``, so a
             DaemonSet can roll with ``maxSurge`` (two instances side by side, see
             :mod:`kubedevice.dra.state.lock`); without, the fixed names and one instance per node.
+        stop_grace: On stop (SIGTERM), how long the prepare and unprepare calls in flight
+            (their hooks) may still run, in seconds; ``None`` takes ``$KUBEDEVICE_STOP_GRACE``,
+            else 25. Keep it under the pod's ``terminationGracePeriodSeconds``. An idle
+            driver stops at once whatever it is.
     """
 
     driver_name: str | None = None
@@ -98,6 +111,7 @@ class DriverOptions:
     claim_status: bool = True
     api_timeout: float = DEFAULT_API_TIMEOUT_S
     pod_uid: str | None = None
+    stop_grace: float | None = None
 
     def resolved(self, driver: Driver) -> Settings:
         """These options with the driver name and node name filled in and checked.
@@ -120,6 +134,11 @@ class DriverOptions:
             check_pod_uid(pod_uid)
         if not 0 < self.api_timeout <= 300:
             raise ConfigError(f"API timeout {self.api_timeout} s: give 0 to 300 seconds")
+        stop_grace = self.stop_grace
+        if stop_grace is None:
+            stop_grace = _env_seconds(ENV_STOP_GRACE, DEFAULT_STOP_GRACE_S)
+        if not 0 <= stop_grace <= MAX_STOP_GRACE_S:
+            raise ConfigError(f"stop grace {stop_grace} s: give 0 to {MAX_STOP_GRACE_S:g} seconds")
         from kubedevice.dra.model.taints import parse_evict_on
 
         evict_on = parse_evict_on(self.evict_on)
@@ -140,7 +159,18 @@ class DriverOptions:
             claim_status=self.claim_status,
             api_timeout=float(self.api_timeout),
             pod_uid=pod_uid,
+            stop_grace=float(stop_grace),
         )
+
+
+def _env_seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"${name}={text[:40]!r} is not a number of seconds") from None
 
 
 async def serve(
@@ -255,14 +285,14 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
     Flags: ``--driver-name``, ``--node-name`` (default ``$NODE_NAME``), ``--pod-uid``
     (default ``$POD_UID``), ``--kubelet-dir``,
     ``--cdi-dir``, ``--kubeconfig`` (default ``$KUBECONFIG``, ``~/.kube/config``, in-cluster),
-    ``--api-timeout``, ``--no-health``, ``--evict-on``, ``--metrics-address``, ``--cleanup``,
-    ``--log-level``, ``--log-format``.
+    ``--api-timeout``, ``--stop-grace`` (default ``$KUBEDEVICE_STOP_GRACE``), ``--no-health``,
+    ``--evict-on``, ``--metrics-address``, ``--cleanup``, ``--log-level``, ``--log-format``.
     """
     parser = argparse.ArgumentParser(
         description=description or "Run a Kubernetes DRA driver (kubelet plugin).",
-        epilog=f"Environment: {ENV_NODE_NAME}, {ENV_POD_UID}, {ENV_LOG_LEVEL} and "
-        f"{ENV_LOG_FORMAT} give the defaults of --node-name, --pod-uid, --log-level and "
-        "--log-format.",
+        epilog=f"Environment: {ENV_NODE_NAME}, {ENV_POD_UID}, {ENV_STOP_GRACE}, {ENV_LOG_LEVEL} "
+        f"and {ENV_LOG_FORMAT} give the defaults of --node-name, --pod-uid, --stop-grace, "
+        "--log-level and --log-format.",
     )
     # the help texts read as the `kubedevice` command's (tests/test_cli_help.py)
     parser.add_argument(
@@ -320,6 +350,17 @@ def argument_parser(description: str | None = None) -> argparse.ArgumentParser:
         f"kubelet's 45 s for a claim).  [default: {DEFAULT_API_TIMEOUT_S:g}; 0.5<=x<=300]",
     )
     parser.add_argument(
+        "--stop-grace",
+        type=_grace,
+        default=None,
+        metavar="FLOAT RANGE",
+        help="On SIGTERM, how long the prepare and unprepare calls in flight (the driver's "
+        "hooks) may still run before the driver exits; keep it a little under the pod's "
+        "terminationGracePeriodSeconds. An idle driver exits at once.  "
+        f"[env var: {ENV_STOP_GRACE}; default: {DEFAULT_STOP_GRACE_S:g}; "
+        f"0<=x<={MAX_STOP_GRACE_S:g}]",
+    )
+    parser.add_argument(
         "--no-health", action="store_true", help="Do not serve the kubelet's health stream."
     )
     parser.add_argument(
@@ -358,6 +399,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= MAX_STOP_GRACE_S:
+        raise argparse.ArgumentTypeError(f"{text} s: give 0 to {MAX_STOP_GRACE_S:g} seconds")
+    return value
+
+
 def options_from_args(args: argparse.Namespace) -> DriverOptions:
     """The :class:`DriverOptions` of flags parsed by :func:`argument_parser`'s parser.
 
@@ -378,6 +429,7 @@ def options_from_args(args: argparse.Namespace) -> DriverOptions:
         evict_on=tuple(getattr(args, "evict_on", None) or ()),
         metrics_address=getattr(args, "metrics_address", None),
         api_timeout=getattr(args, "api_timeout", DEFAULT_API_TIMEOUT_S),
+        stop_grace=getattr(args, "stop_grace", None),
     )
 
 

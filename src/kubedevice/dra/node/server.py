@@ -249,7 +249,7 @@ class DriverServer:
                 task.cancel()
         await self._reg.stop()
         await self.health.close()
-        await self._dra.stop(grace=1.0)
+        await self._stop_calls()
         for task in last:
             task.cancel()
         if tasks:
@@ -264,6 +264,28 @@ class DriverServer:
         if self.pod_lock is not None:
             self.pod_lock.release()
         self.lock.release()
+
+    async def _stop_calls(self) -> None:
+        """Stop serving the DRA socket; the prepare and unprepare calls in flight (their
+        hooks, also those of calls cut off before) get up to the stop grace to end and be
+        recorded. Past it, the node's claims lock stays held until this process ends, so
+        no other instance meets a claim whose hook may still run here (the next to take
+        the lock undoes what was left half done)."""
+        loop = asyncio.get_running_loop()
+        grace = self.settings.stop_grace
+        until = loop.time() + grace
+        await self._dra.stop(grace=grace)
+        if self.claims is None:
+            return
+        left = await self.claims.drain(until - loop.time())
+        if left:
+            log.error(
+                "%d prepare or unprepare calls still in flight after the stop grace of %g s; "
+                "the node's claims lock stays held until this process ends",
+                left,
+                grace,
+            )
+            self.claims_lock.keep()
 
     async def wait_failed(self) -> BaseException | None:
         """Wait until a background job of the server fails; its error."""

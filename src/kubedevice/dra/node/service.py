@@ -11,6 +11,10 @@ claim's failure goes in its own ``error``; the other claims of the call are unaf
 Each call and the start-up restore hold the node's claims lock
 (:mod:`kubedevice.dra.state.handover`): a claim prepared by another instance of the driver
 is answered and unprepared as its own.
+A call cut off by its deadline or by the driver stopping does not cut its work short: the
+work runs to its end in a task of its own (a plain-``def`` hook cannot be stopped in its
+thread), its result recorded (or undone), and only then are its locks let go; a retry of
+the same claim waits for it and answers from the record.
 v1beta1 has the same messages (less ``Device.share_id``), so its requests are read as v1 and
 the answers re-encoded.
 """
@@ -24,7 +28,7 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
@@ -107,6 +111,8 @@ class ClaimService:
         self.devices = devices
         self.taints = taints or TaintPolicy(driver_name)
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
+        #: The calls' work in flight (each run to its end, even when its call is cut off).
+        self.work: set[asyncio.Task[None]] = set()
         self.saver = CheckpointSaver(checkpoint)
         #: The node's claims lock around each call (:mod:`kubedevice.dra.state.handover`).
         self.shared = SharedClaims(
@@ -180,8 +186,7 @@ class ClaimService:
                     claim.uid
                 ].error = f"{len(claims)} claims in one call; at most {MAX_CLAIMS_PER_CALL}"
             return response
-        async with self.shared.hold():
-            answers = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        answers = await self._to_the_end(self._prepare_all(claims), "prepare")
         for claim, answer in zip(claims, answers, strict=True):
             response.claims[claim.uid].CopyFrom(answer)
         return response
@@ -192,11 +197,49 @@ class ClaimService:
         """Answer ``NodeUnprepareResources``: one entry per claim UID of the request."""
         response = v1.NodeUnprepareResourcesResponse()
         claims = list(request.claims)
-        async with self.shared.hold():
-            answers = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+        answers = await self._to_the_end(self._unprepare_all(claims), "unprepare")
         for claim, error in zip(claims, answers, strict=True):
             response.claims[claim.uid].error = error
         return response
+
+    async def _prepare_all(
+        self, claims: Sequence[v1.Claim]
+    ) -> list[v1.NodePrepareResourceResponse]:
+        async with self.shared.hold():
+            return await asyncio.gather(*(self._prepare_one(c) for c in claims))
+
+    async def _unprepare_all(self, claims: Sequence[v1.Claim]) -> list[str]:
+        async with self.shared.hold():
+            return await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+
+    async def _to_the_end(self, work: Coroutine[Any, Any, _T], what: str) -> _T:
+        """Await ``work`` run as a task of its own: a cancelled call (its deadline passed,
+        or the server stopped it) stops waiting for it, the work runs on to its end, its
+        result recorded or undone, and its locks are let go only then (a retry of the same
+        claim waits at its claim's lock; :meth:`drain` waits for the rest at stop)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[_T] = loop.create_future()
+        task = loop.create_task(_settle(work, answer, what))
+        self.work.add(task)
+        task.add_done_callback(self.work.discard)
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if not task.done():
+                log.warning(
+                    "a %s call was cut off (its deadline passed or the driver is stopping); "
+                    "its claims' work runs on to its end and is recorded before their next call",
+                    what,
+                )
+            raise
+
+    async def drain(self, grace: float) -> int:
+        """Wait up to ``grace`` seconds for the calls' work in flight; how many are left."""
+        if not self.work:
+            return 0
+        log.info("waiting up to %.1f s for %d calls in flight", grace, len(self.work))
+        _done, left = await asyncio.wait(set(self.work), timeout=max(grace, 0))
+        return len(left)
 
     # ---- one claim ---------------------------------------------------------------------
 
@@ -535,6 +578,25 @@ def _answer(prepared: PreparedClaim) -> v1.NodePrepareResourceResponse:
         if share_id is not None:
             entry.share_id = share_id
     return answer
+
+
+async def _settle(work: Coroutine[Any, Any, _T], answer: asyncio.Future[_T], what: str) -> None:
+    """Run ``work`` to its end; its outcome goes to ``answer`` while the call still waits."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        answer.cancel()
+        raise
+    except Exception as exc:
+        if answer.cancelled():  # nobody waits for it any more: it is only logged
+            log.error("the %s call cut off earlier failed: %s", what, exc, exc_info=exc)
+        else:
+            answer.set_exception(exc)
+        return
+    if answer.cancelled():
+        log.info("the %s call cut off earlier has finished; its result is recorded", what)
+    else:
+        answer.set_result(result)
 
 
 async def _call_hook(hook: Callable[[Any], Any], argument: Any) -> Any:

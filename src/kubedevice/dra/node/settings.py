@@ -40,6 +40,8 @@ class Settings:
     #: This instance's pod UID: its sockets are named by it, so that two instances run
     #: side by side in a rolling upgrade (empty: the fixed names, one instance per node).
     pod_uid: str = ""
+    #: On stop, how long the calls in flight (their hooks) may still run, in seconds.
+    stop_grace: float = 25.0
 
     @property
     def plugin_dir(self) -> Path:

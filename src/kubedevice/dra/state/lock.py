@@ -230,8 +230,15 @@ class ClaimsLock:
         self._holders = 0
         self._made = False  # the plugin dir exists
         self._gate = asyncio.Lock()
+        self._kept = False
         #: Times the lock was found held by another process (it waited).
         self.waits = 0
+
+    def keep(self) -> None:
+        """Never let the lock go while this process lives (once held, it stays held): for
+        a hook still running in a thread past the stop grace, which no other instance may
+        meet. The kernel releases it with the process."""
+        self._kept = True
 
     @contextlib.asynccontextmanager
     async def hold(
@@ -290,6 +297,8 @@ class ClaimsLock:
         return fd
 
     def _let_go(self) -> None:
+        if self._kept:
+            return
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
