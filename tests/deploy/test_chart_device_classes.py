@@ -214,8 +214,14 @@ def _notes(*settings: str) -> str:
 
 
 def test_notes_warn_when_a_plugin_and_its_dra_driver_share_nodes() -> None:
-    both = _notes("nvidia.enabled=true", "dra.nvidia.enabled=true", "dra.generic.enabled=true")
-    assert "GPU plugin and the GPU DRA driver run on the same nodes" in both
+    # the GPU pair on the same nodes does not render at all (test_chart_dra.py)
+    both = _notes(
+        "nvidia.enabled=true",
+        "dra.nvidia.enabled=true",
+        "dra.nvidia.nodeSelector.example\\.com/gpu-mode=dra",
+        "dra.generic.enabled=true",
+    )
+    assert "GPU plugin and the GPU DRA driver" not in both
     assert "generic plugin and the /dev DRA driver run on the same nodes" in both
     assert "kubectl get deviceclasses -l app.kubernetes.io/instance=k" in both
     apart = _notes(

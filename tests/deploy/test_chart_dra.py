@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deploy.helm import helm
 from deploy.render import CHART, by_kind, container, daemonset, render, validate_all
 
 DRA_ON = {"dra.nvidia.enabled": "true", "dra.generic.enabled": "true"}
+#: The GPU plugin on too, its nodes split from the GPU DRA driver's (the chart refuses both
+#: on the same nodes): the driver on nodes labelled for it.
+GPU_SPLIT = {
+    "nvidia.enabled": "true",
+    "dra.nvidia.nodeSelector.example\\.com/gpu-mode": "dra",
+}
 
 
 def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -128,7 +136,7 @@ def test_values_follow_through() -> None:
             "dra.nvidia.driverName": "gpu.nvidia.com",
             "dra.nvidia.driverRoot": "/run/nvidia/driver",
             "dra.nvidia.runtimeClassName": "",
-            "nvidia.enabled": "true",
+            **GPU_SPLIT,
         }
     )
     validate_all(docs)
@@ -167,7 +175,7 @@ def test_dra_drivers_roll_with_a_surge_and_name_their_sockets_by_the_pod_uid() -
     """A new driver pod starts beside the old one (maxSurge 1, maxUnavailable 0) with the
     pod UID from the downward API; the device plugins keep maxSurge 0 (the kubelet cannot
     run two device plugins for one resource)."""
-    docs = render(values={**DRA_ON, "nvidia.enabled": "true"})
+    docs = render(values={**DRA_ON, **GPU_SPLIT})
     for component in ("dra-nvidia", "dra-generic"):
         ds = daemonset(docs, component)
         assert ds["spec"]["updateStrategy"] == {
@@ -307,8 +315,9 @@ def test_drivers_schedule_as_the_device_plugins_do() -> None:
     """Linux nodes only; the GPU driver on the GPU plugin's GPU nodes (NFD's PCI label OR
     nvidia.com/gpu.present) with its tolerations; the /dev driver tolerates no taint by
     default."""
-    docs = render(values={**DRA_ON, "nvidia.enabled": "true"})
-    plugin = {c: _pod(daemonset(docs, c)) for c in ("nvidia", "generic")}
+    docs = render(values=DRA_ON)
+    plugins = render(values={"nvidia.enabled": "true"})
+    plugin = {c: _pod(daemonset(plugins, c)) for c in ("nvidia", "generic")}
     for component in ("dra-nvidia", "dra-generic"):
         assert _pod(daemonset(docs, component))["nodeSelector"] == {"kubernetes.io/os": "linux"}
     gpu = _pod(daemonset(docs, "dra-nvidia"))
@@ -533,3 +542,37 @@ def test_a_config_change_rolls_the_dra_driver(
     # an existing ConfigMap is not the chart's to read: no hash (docs: restart or SIGHUP)
     own = render(values={**DRA_ON, f"{values_key}.existingConfigMap": "mine"})
     assert "kubedevice.io/config-hash" not in _pod_annotations(own, component)
+
+
+def test_gpu_plugin_and_gpu_dra_driver_on_the_same_nodes_is_refused() -> None:
+    """Nothing tells DRA which GPUs the plugin handed out: the chart does not render both on
+    the same nodes; once the values split the nodes (nodeSelector or affinity), it does."""
+    proc = helm(
+        "template", "x", str(CHART), "--set", "nvidia.enabled=true",
+        "--set", "dra.nvidia.enabled=true", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "put the GPU plugin and the GPU DRA driver on the same nodes" in proc.stderr
+    assert "dra.nvidia.affinity (or dra.nvidia.nodeSelector)" in proc.stderr
+    docs = render(values={**GPU_SPLIT, "dra.nvidia.enabled": "true"})
+    selector = _pod(daemonset(docs, "dra-nvidia"))["nodeSelector"]
+    assert selector == {"kubernetes.io/os": "linux", "example.com/gpu-mode": "dra"}
+    key = "dra.nvidia.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    render(
+        values={
+            "nvidia.enabled": "true",
+            "dra.nvidia.enabled": "true",
+            f"{key}.nodeSelectorTerms[0].matchExpressions[0].key": "dra",
+            f"{key}.nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+        }
+    )
+    # the same affinity written out again is no split
+    same = helm(
+        "template", "x", str(CHART), "--set", "nvidia.enabled=true",
+        "--set", "dra.nvidia.enabled=true", "--set-json",
+        "dra.nvidia.affinity=" + json.dumps(
+            yaml.safe_load((CHART / "values.yaml").read_text())["nvidia"]["affinity"]
+        ),
+        check=False,
+    )  # fmt: skip
+    assert same.returncode != 0

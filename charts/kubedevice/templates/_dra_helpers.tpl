@@ -213,3 +213,17 @@ kubedevice.generic.dra.classes makes them: (dict "doc" config "driver" name). */
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/* Refuses to render the GPU plugin and the GPU DRA driver on the same nodes: nothing tells
+DRA which GPUs the plugin handed out, so a ResourceClaim could get them again. The values
+split the nodes when the driver's affinity (dra.nvidia.affinity, empty: nvidia.affinity) or
+nodeSelector differs from the plugin's. Takes the root context. */}}
+{{- define "kubedevice.gpuNodesApart" -}}
+{{- $v := .Values -}}
+{{- if and $v.nvidia.enabled $v.dra.nvidia.enabled -}}
+{{- $affinity := $v.dra.nvidia.affinity | default $v.nvidia.affinity -}}
+{{- if and (eq (toJson $affinity) (toJson $v.nvidia.affinity)) (eq (toJson $v.dra.nvidia.nodeSelector) (toJson $v.nvidia.nodeSelector)) -}}
+{{- fail "nvidia.enabled and dra.nvidia.enabled put the GPU plugin and the GPU DRA driver on the same nodes, where a ResourceClaim can get a GPU the plugin handed out: give dra.nvidia.affinity (or dra.nvidia.nodeSelector) other nodes than nvidia.affinity (nvidia.nodeSelector), or turn one of them off (docs/nvidia-dra.md, \"Moving from the device plugin to DRA\")" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
