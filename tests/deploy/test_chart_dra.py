@@ -199,6 +199,23 @@ def test_dra_drivers_roll_with_a_surge_and_name_their_sockets_by_the_pod_uid() -
     assert daemonset(on_delete, "dra-generic")["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 
+def test_a_sigterm_waits_for_the_calls_in_flight_a_little_under_the_pods_grace() -> None:
+    """The pod's terminationGracePeriodSeconds and the driver's stop grace come from one
+    value, the driver's 2 s under it (the rest of its stop fits before the SIGKILL)."""
+    key = "dra.terminationGracePeriodSeconds"
+    for values, pod, driver in (({}, 30, "28"), ({key: "90"}, 90, "88"), ({key: "1"}, 1, "0")):
+        docs = render(values={**DRA_ON, **values})
+        for component in ("dra-nvidia", "dra-generic"):
+            ds = daemonset(docs, component)
+            assert ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == pod
+            env = {e["name"]: e.get("value") for e in container(ds)["env"]}
+            assert env["KUBEDEVICE_STOP_GRACE"] == driver
+    proc = helm("template", "x", str(CHART), "--set", "dra.terminationGracePeriodSeconds=0",
+                check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "terminationGracePeriodSeconds" in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("component", "depth"), [("dra-generic", 1), ("dra-nvidia", 2)], ids=["generic", "nvidia"]
 )

@@ -76,6 +76,10 @@ def test_the_dra_driver_template_is_valid_kubernetes() -> None:
     [driver] = ds["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("valueFrom") for e in driver["env"]}
     assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # a SIGTERM waits for the calls in flight a little under the pod's grace period
+    grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    [stop] = [e["value"] for e in driver["env"] if e["name"] == "KUBEDEVICE_STOP_GRACE"]
+    assert 0 < float(stop) < grace
 
 
 def test_the_upgrade_manifest_in_the_docs_is_valid_and_rolls_as_the_template_does() -> None:

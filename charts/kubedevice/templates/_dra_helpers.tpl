@@ -18,6 +18,7 @@ token. (dict "root" $ "component" "nvidia"|"generic") throughout. */}}
 {{- $c := index $v.dra .component -}}
 serviceAccountName: {{ include "kubedevice.draName" . }}
 automountServiceAccountToken: true
+terminationGracePeriodSeconds: {{ $v.dra.terminationGracePeriodSeconds }}
 enableServiceLinks: false
 {{- with $v.priorityClassName }}
 priorityClassName: {{ . }}
@@ -40,7 +41,8 @@ securityContext:
 
 {{/* The env every DRA driver gets: its node's name and its pod's UID (its sockets are named
 by it, so that two pods run side by side while the DaemonSet rolls) from the downward API,
-and logging. */}}
+how long a SIGTERM waits for the calls in flight (2 s under the pod's grace period, for
+the rest of the stop), and logging. */}}
 {{- define "kubedevice.draEnv" -}}
 - name: NODE_NAME
   valueFrom:
@@ -50,6 +52,8 @@ and logging. */}}
   valueFrom:
     fieldRef:
       fieldPath: metadata.uid
+- name: KUBEDEVICE_STOP_GRACE
+  value: {{ max 0 (sub (int .root.Values.dra.terminationGracePeriodSeconds) 2) | quote }}
 {{ include "kubedevice.logEnv" .root }}
 {{- end -}}
 
