@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
 import pytest
 
 import kubedevice.dra as dra
 from dra import clients
-from dra.api import Api
+from dra.api import RESOURCE, Api
 from dra.conftest import create_claim, result
-from dra.fakes import DRIVER, FakeDriver, gpus, server, wait_for_path
+from dra.fakes import DRIVER, FakeDriver, gpus, server
+from kubedevice._api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubedevice.dra.node.registration import RegistrationService, supported_versions
+from kubedevice.dra.node.server import DriverServer
 from kubedevice.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
@@ -201,6 +202,53 @@ async def test_only_the_newest_instance_writes_the_slices(
         assert a.publisher.writes > writes
 
 
+class _Peer:
+    """Another pod's sockets in the plugin dir: a plain listening DRA socket (its backlog
+    takes connections, nothing answers) and, with ``registers_as``, a registration socket
+    whose GetInfo names that driver (``"hung"``: a socket that never answers)."""
+
+    def __init__(self, kdir: Path, uid: str, registers_as: str | None) -> None:
+        options = dra.DriverOptions(node_name="n", kubelet_dir=kdir, pod_uid=uid)
+        settings = options.resolved(FakeDriver(()))
+        self.dra_path, self.reg_path = settings.dra_socket, settings.registration_socket
+        self.registers_as = registers_as
+        self.sockets: list[socket.socket] = []
+        self.grpc: grpc.aio.Server | None = None
+
+    def _listen(self, path: Path) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        sock.listen()
+        self.sockets.append(sock)
+
+    async def start(self) -> None:
+        self._listen(self.dra_path)
+        if self.registers_as == "hung":
+            self._listen(self.reg_path)
+        elif self.registers_as is not None:
+            self.grpc = grpc.aio.server()
+            service = RegistrationService(
+                self.registers_as, str(self.dra_path), supported_versions(health=False)
+            )
+            reg_grpc.add_RegistrationServicer_to_server(service, self.grpc)
+            self.grpc.add_insecure_port(f"unix:{self.reg_path}")
+            await self.grpc.start()
+
+    async def kill(self) -> None:
+        """As SIGKILL leaves it: the DRA socket's file stays, nothing answers."""
+        for sock in self.sockets:
+            sock.close()
+        if self.grpc is not None:
+            await self.grpc.stop(None)
+
+
+async def _wait_noticed(server: DriverServer) -> None:
+    """Until the server has seen another instance's socket (its inotify event came)."""
+    async with asyncio.timeout(10):
+        while not server._newer:
+            await asyncio.sleep(0.01)
+
+
 async def test_a_newer_instance_killed_with_its_socket_left_is_not_deferred_to(
     kdir: Path, kubeconfig: Path, node_name: str, api: Api
 ) -> None:
@@ -209,58 +257,39 @@ async def test_a_newer_instance_killed_with_its_socket_left_is_not_deferred_to(
     async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name, pod_uid=UID_A) as a:
         assert a.publisher is not None
         await a.wait_published()
-        left = a.settings.plugin_dir / f"dra-{UID_B}.sock"
-        newer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        newer = _Peer(kdir, UID_B, DRIVER)  # a newer instance of this driver serving
         try:
-            newer.bind(str(left))
-            newer.listen()  # a newer instance serving
+            await newer.start()
             await asyncio.wait_for(a.publisher.wait_deferring(True), 10)
         finally:
-            newer.close()  # killed: the file stays, nothing answers
-        assert left.exists()
+            await newer.kill()
+        assert newer.dra_path.exists()
         a.publisher.request()  # the periodic resync, now
         await asyncio.wait_for(a.publisher.wait_deferring(False), 10)
-        left.unlink()
+        newer.dra_path.unlink()
 
 
-async def test_a_second_process_with_the_same_pod_uid_is_refused_and_the_first_keeps_serving(
-    kdir: Path, kubeconfig: Path, node_name: str
+@pytest.mark.parametrize(
+    "registers_as",
+    [None, "hung", "other.example.com"],
+    ids=["no-registration", "hung-registration", "another-driver"],
+)
+async def test_a_socket_that_does_not_answer_as_this_driver_freezes_no_slice(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, registers_as: str | None
 ) -> None:
-    """Two real processes of examples/dra_minimal.py, one pod UID: they would serve the same
-    socket names. The second exits 2 with one line; the first's sockets stay and answer;
-    the per-pod-UID lock file goes with the first."""
-    example = Path(__file__).resolve().parents[2] / "examples" / "dra_minimal.py"
-    driver = "counter.example.com"
-    args = [sys.executable, str(example), "--node-name", node_name,
-            "--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kdir),
-            "--cdi-dir", str(kdir / "cdi"), "--pod-uid", UID_A]  # fmt: skip
-    reg_sock = kdir / "plugins_registry" / f"{driver}-{UID_A}-reg.sock"
-    dra_sock = kdir / "plugins" / driver / f"dra-{UID_A}.sock"
-    lock = kdir / "plugins" / driver / f"driver-{UID_A}.lock"
-    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        await wait_for_path(reg_sock, timeout=30)
-        identities = (reg_sock.stat().st_ino, dra_sock.stat().st_ino)
-        second = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """A listening dra-*.sock is not a newer instance unless its registration socket's
+    GetInfo names this driver and that socket: deleted slices are put back, the loop never
+    waits on a peer that does not answer."""
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name, pod_uid=UID_A) as a:
+        assert a.publisher is not None
+        await a.wait_published()
+        peer = _Peer(kdir, UID_B, registers_as)
         try:
-            output, _ = second.communicate(timeout=30)
-        except subprocess.TimeoutExpired:  # it serves: stop it, then say what it did
-            second.kill()
-            output, _ = second.communicate()
-        assert (reg_sock.stat().st_ino, dra_sock.stat().st_ino) == identities, "replaced"
-        lines = output.strip().splitlines()
-        assert second.returncode == 2, lines
-        assert len(lines) == 1, lines
-        assert f"another instance of DRA driver {driver} with pod UID {UID_A}" in lines[0]
-        assert str(lock) in lines[0]
-        assert f"pid {first.pid}" in lines[0]
-        info = await asyncio.wait_for(clients.get_info(reg_sock), 10)
-        assert info.endpoint == str(dra_sock)
-        first.send_signal(signal.SIGTERM)
-        output, _ = first.communicate(timeout=30)
-        assert first.returncode == 0, output
-        assert not lock.exists()
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+            await peer.start()
+            await _wait_noticed(a)
+            for item in api.slices(DRIVER, node_name):  # someone deletes the slices
+                api.call("DELETE", f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+            await asyncio.to_thread(api.wait_for_slices, DRIVER, node_name, 2, 10)
+            assert not a.publisher.deferring
+        finally:
+            await peer.kill()

@@ -32,7 +32,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from kubedevice.dra.api.kube import KubeClient
@@ -243,7 +243,7 @@ class SlicePublisher:
         self._reported: set[tuple[str, str]] = set()
         self.deferring = False  # a newer instance publishes (see defer())
         #: Asked at every wake (the periodic check included): whether to defer now.
-        self.defer_to: Callable[[], bool] | None = None
+        self.defer_to: Callable[[], Awaitable[bool]] | None = None
         self._flipped = asyncio.Event()  # set (and replaced) on each change of deferring
         self._listed = asyncio.Event()  # a list gave a version to watch from
         self._listed_version = ""
@@ -286,6 +286,10 @@ class SlicePublisher:
         flipped, self._flipped = self._flipped, asyncio.Event()
         flipped.set()
 
+    def recheck(self) -> None:
+        """Ask :attr:`defer_to` again now (another instance's socket came or went)."""
+        self._dirty.set()
+
     async def wait_deferring(self, deferring: bool) -> None:
         """Wait until :attr:`deferring` is ``deferring``."""
         while self.deferring != deferring:
@@ -319,7 +323,7 @@ class SlicePublisher:
                 await asyncio.wait_for(self._dirty.wait(), wait_s)
             self._dirty.clear()
             if self.defer_to is not None:
-                self.defer(self.defer_to())
+                self.defer(await self.defer_to())
             if self.deferring:  # the newer instance's slices stand
                 self._published.set()
                 continue

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,10 +46,12 @@ from kubedevice.dra.api.slices import SlicePublisher
 from kubedevice.dra.api.status import ClaimStatusWriter
 from kubedevice.dra.driver import Driver
 from kubedevice.dra.model.counters import check_counters
+from kubedevice.dra.model.names import dra_socket_path
 from kubedevice.dra.model.taints import TaintPolicy
 from kubedevice.dra.model.types import Device, Health
 from kubedevice.dra.node.health import HealthService
 from kubedevice.dra.node.observed import ObservedServicer
+from kubedevice.dra.node.peers import peer_uid, serves_as
 from kubedevice.dra.node.registration import RegistrationService, supported_versions
 from kubedevice.dra.node.service import ClaimService, V1beta1Servicer, V1Servicer
 from kubedevice.dra.node.settings import Settings
@@ -92,7 +93,7 @@ class DriverServer:
         self._watchers: list[DirWatcher] = []
         self._repair = asyncio.Event()
         self._stopping = False
-        self._newer: set[str] = set()  # DRA sockets of instances started after this one
+        self._newer: set[str] = set()  # pod UIDs of instances started after this one
         #: Held for the process life: exclusive without a pod UID (fixed socket names),
         #: shared with one (the instances of a rolling upgrade, never beside one without).
         self.lock = InstanceLock(
@@ -358,24 +359,32 @@ class DriverServer:
             return
         if name in (OVERFLOW, s.registration_socket.name, s.dra_socket.name):
             self._repair.set()
-        if s.pod_uid and (name == OVERFLOW or _other_dra_socket(name, s.dra_socket.name)):
-            self._newer_instances(name)
+        if s.pod_uid and name == OVERFLOW:
+            self._newer_instances(None)
+        elif s.pod_uid and (uid := peer_uid(name, s.driver_name, s.pod_uid)) is not None:
+            self._newer_instances(uid)
 
-    def _newer_instances(self, name: str) -> None:
-        """Another instance's DRA socket appeared (it started after this one: a rolling
+    def _newer_instances(self, uid: str | None) -> None:
+        """Another instance's socket appeared (it started after this one: a rolling
         upgrade) or went: the newest instance alone writes the slices."""
-        directory = self.settings.plugin_dir
-        names = [n for n in self._newer | {name} if n != OVERFLOW]
-        self._newer = {n for n in names if _is_socket(directory / n)}
+        s = self.settings
+        uids = self._newer | ({uid} if uid else set())
+        self._newer = {
+            u for u in uids if _is_socket(dra_socket_path(s.kubelet_dir, s.driver_name, u))
+        }
         if self.publisher is not None:
-            self.publisher.defer(self._newer_serving())
+            self.publisher.recheck()
 
-    def _newer_serving(self) -> bool:
-        """Whether a newer instance's DRA socket is there and answers (a socket left by an
-        instance killed with SIGKILL refuses connections: it does not count); the publisher
-        asks again at every wake, so a killed newer instance is noticed within a resync."""
-        directory = self.settings.plugin_dir
-        return any(_answers(directory / n) for n in self._newer)
+    async def _newer_serving(self) -> bool:
+        """Whether a newer instance of this driver serves (:func:`serves_as`: a socket left
+        by an instance killed with SIGKILL, or one of anything else, does not count); the
+        publisher asks again at every wake, so a killed newer instance is noticed within a
+        resync."""
+        s = self.settings
+        answers = await asyncio.gather(
+            *(serves_as(s.driver_name, s.kubelet_dir, uid) for uid in self._newer)
+        )
+        return any(answers)
 
     async def _keep_sockets(self) -> None:
         while True:
@@ -440,25 +449,6 @@ class DriverServer:
 
     def _add_registration(self, server: grpc.aio.Server) -> None:
         reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
-
-
-def _other_dra_socket(name: str, own: str) -> bool:
-    """Whether ``name`` in the plugin dir is another instance's DRA socket's name."""
-    return name != own and name.startswith("dra-") and name.endswith(".sock")
-
-
-def _answers(path: Path) -> bool:
-    """Whether a Unix socket at ``path`` accepts a connection (it does not block: a
-    listening socket's backlog takes it, a dead one refuses at once)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.setblocking(False)
-        try:
-            probe.connect(str(path))
-        except BlockingIOError:  # the backlog is full: it is alive
-            return True
-        except OSError:
-            return False
-    return True
 
 
 def _is_socket(path: Path) -> bool:
