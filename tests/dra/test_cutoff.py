@@ -126,7 +126,7 @@ async def test_a_retry_waits_for_the_hook_its_cut_off_prepare_left_running(
         recorded = srv.claims.checkpoint.claims[uid]
         assert [dict(d) for d in recorded.data] == [{"by": "hook"}]
         assert uid not in srv.claims.checkpoint.preparing
-        assert srv.claims.work == set()
+        assert srv.claims.inflight.tasks == set()
 
 
 async def test_an_unprepare_waits_for_the_cut_off_prepare_and_undoes_what_it_recorded(
@@ -246,7 +246,7 @@ async def test_past_the_stop_grace_the_claims_lock_stays_held_while_the_hook_run
     finally:
         driver.gate.set()
         assert srv.claims is not None
-        await srv.claims.drain(10)
+        await srv.claims.inflight.drain(10)
         fd = srv.claims_lock._fd
         if fd is not None:  # held for the process life: let it go for the next test
             os.close(fd)

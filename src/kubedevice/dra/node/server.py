@@ -53,7 +53,8 @@ from kubedevice.dra.node.health import HealthService
 from kubedevice.dra.node.observed import ObservedServicer
 from kubedevice.dra.node.peers import peer_uid, serves_as
 from kubedevice.dra.node.registration import RegistrationService, supported_versions
-from kubedevice.dra.node.service import ClaimService, V1beta1Servicer, V1Servicer
+from kubedevice.dra.node.service import ClaimService
+from kubedevice.dra.node.servicers import V1beta1Servicer, V1Servicer
 from kubedevice.dra.node.settings import Settings
 from kubedevice.dra.node.sockets import UnixGrpcServer
 from kubedevice.dra.state.cdi import CdiWriter
@@ -278,7 +279,7 @@ class DriverServer:
         await self._dra.stop(grace=grace)
         if self.claims is None:
             return
-        left = await self.claims.drain(until - loop.time())
+        left = await self.claims.inflight.drain(until - loop.time())
         if left:
             log.error(
                 "%d prepare or unprepare calls still in flight after the stop grace of %g s; "

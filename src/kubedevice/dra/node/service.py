@@ -1,4 +1,4 @@
-"""The DRA kubelet-plugin services v1 and v1beta1, answered by one handler.
+"""The claim work of the DRA kubelet-plugin services (:mod:`kubedevice.dra.node.servicers`).
 
 ``NodePrepareResources``: per claim, the checkpoint's answer when the claim was prepared
 before (idempotent; a claim shared by several pods is prepared once), else the claim is read
@@ -11,12 +11,9 @@ claim's failure goes in its own ``error``; the other claims of the call are unaf
 Each call and the start-up restore hold the node's claims lock
 (:mod:`kubedevice.dra.state.handover`): a claim prepared by another instance of the driver
 is answered and unprepared as its own.
-A call cut off by its deadline or by the driver stopping does not cut its work short: the
-work runs to its end in a task of its own (a plain-``def`` hook cannot be stopped in its
-thread), its result recorded (or undone), and only then are its locks let go; a retry of
-the same claim waits for it and answers from the record.
-v1beta1 has the same messages (less ``Device.share_id``), so its requests are read as v1 and
-the answers re-encoded.
+A call cut off by its deadline or by the driver stopping does not cut its work short
+(:mod:`kubedevice.dra.node.inflight`): a retry of the claim waits for it and answers from
+the record.
 """
 
 from __future__ import annotations
@@ -28,14 +25,11 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-import grpc
-
-from kubedevice._api.dra.v1 import api_pb2 as v1, api_pb2_grpc as v1_grpc
-from kubedevice._api.dra.v1beta1 import api_pb2 as v1beta1, api_pb2_grpc as v1beta1_grpc
+from kubedevice._api.dra.v1 import api_pb2 as v1
 from kubedevice.dra.api.claims import claim_from_object
 from kubedevice.dra.api.kube import KubeClient
 from kubedevice.dra.driver import Driver
@@ -48,6 +42,7 @@ from kubedevice.dra.model.types import (
     PreparedClaim,
     PreparedDevice,
 )
+from kubedevice.dra.node.inflight import InFlight
 from kubedevice.dra.node.refresh import ask_refresh
 from kubedevice.dra.node.rules import check_claim
 from kubedevice.dra.state.cdi import CdiWriter, cdi_edits
@@ -57,14 +52,13 @@ from kubedevice.dra.state.lock import ClaimsLock
 from kubedevice.dra.state.saver import CheckpointSaver
 from kubedevice.errors import ClaimError, ConfigError, KubeApiError, KubeDeviceError
 
-__all__ = ["ClaimService", "V1Servicer", "V1beta1Servicer"]
+__all__ = ["ClaimService"]
 
 log = logging.getLogger(__name__)
 
 #: At most this many claims in one call (the kubelet sends a pod's claims of one driver).
 MAX_CLAIMS_PER_CALL = 1024
 
-_T = TypeVar("_T")
 
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN: Final = re.compile(
@@ -112,7 +106,7 @@ class ClaimService:
         self.taints = taints or TaintPolicy(driver_name)
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
         #: The calls' work in flight (each run to its end, even when its call is cut off).
-        self.work: set[asyncio.Task[None]] = set()
+        self.inflight = InFlight()
         self.saver = CheckpointSaver(checkpoint)
         #: The node's claims lock around each call (:mod:`kubedevice.dra.state.handover`).
         self.shared = SharedClaims(
@@ -186,7 +180,7 @@ class ClaimService:
                     claim.uid
                 ].error = f"{len(claims)} claims in one call; at most {MAX_CLAIMS_PER_CALL}"
             return response
-        answers = await self._to_the_end(self._prepare_all(claims), "prepare")
+        answers = await self.inflight.run(self._prepare_all(claims), "prepare")
         for claim, answer in zip(claims, answers, strict=True):
             response.claims[claim.uid].CopyFrom(answer)
         return response
@@ -197,7 +191,7 @@ class ClaimService:
         """Answer ``NodeUnprepareResources``: one entry per claim UID of the request."""
         response = v1.NodeUnprepareResourcesResponse()
         claims = list(request.claims)
-        answers = await self._to_the_end(self._unprepare_all(claims), "unprepare")
+        answers = await self.inflight.run(self._unprepare_all(claims), "unprepare")
         for claim, error in zip(claims, answers, strict=True):
             response.claims[claim.uid].error = error
         return response
@@ -211,35 +205,6 @@ class ClaimService:
     async def _unprepare_all(self, claims: Sequence[v1.Claim]) -> list[str]:
         async with self.shared.hold():
             return await asyncio.gather(*(self._unprepare_one(c) for c in claims))
-
-    async def _to_the_end(self, work: Coroutine[Any, Any, _T], what: str) -> _T:
-        """Await ``work`` run as a task of its own: a cancelled call (its deadline passed,
-        or the server stopped it) stops waiting for it, the work runs on to its end, its
-        result recorded or undone, and its locks are let go only then (a retry of the same
-        claim waits at its claim's lock; :meth:`drain` waits for the rest at stop)."""
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[_T] = loop.create_future()
-        task = loop.create_task(_settle(work, answer, what))
-        self.work.add(task)
-        task.add_done_callback(self.work.discard)
-        try:
-            return await answer
-        except asyncio.CancelledError:
-            if not task.done():
-                log.warning(
-                    "a %s call was cut off (its deadline passed or the driver is stopping); "
-                    "its claims' work runs on to its end and is recorded before their next call",
-                    what,
-                )
-            raise
-
-    async def drain(self, grace: float) -> int:
-        """Wait up to ``grace`` seconds for the calls' work in flight; how many are left."""
-        if not self.work:
-            return 0
-        log.info("waiting up to %.1f s for %d calls in flight", grace, len(self.work))
-        _done, left = await asyncio.wait(set(self.work), timeout=max(grace, 0))
-        return len(left)
 
     # ---- one claim ---------------------------------------------------------------------
 
@@ -580,25 +545,6 @@ def _answer(prepared: PreparedClaim) -> v1.NodePrepareResourceResponse:
     return answer
 
 
-async def _settle(work: Coroutine[Any, Any, _T], answer: asyncio.Future[_T], what: str) -> None:
-    """Run ``work`` to its end; its outcome goes to ``answer`` while the call still waits."""
-    try:
-        result = await work
-    except asyncio.CancelledError:
-        answer.cancel()
-        raise
-    except Exception as exc:
-        if answer.cancelled():  # nobody waits for it any more: it is only logged
-            log.error("the %s call cut off earlier failed: %s", what, exc, exc_info=exc)
-        else:
-            answer.set_exception(exc)
-        return
-    if answer.cancelled():
-        log.info("the %s call cut off earlier has finished; its result is recorded", what)
-    else:
-        answer.set_result(result)
-
-
 async def _call_hook(hook: Callable[[Any], Any], argument: Any) -> Any:
     """Await an ``async def`` hook; run a plain one in a thread."""
     if inspect.iscoroutinefunction(hook):
@@ -607,56 +553,3 @@ async def _call_hook(hook: Callable[[Any], Any], argument: Any) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
-
-
-# ---- the gRPC servicers -------------------------------------------------------------
-
-
-async def _guarded(context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[_T]) -> _T:
-    try:
-        return await call
-    except Exception as exc:  # a bug of ours: INTERNAL, the daemon stays up
-        log.exception("DRA call failed")
-        await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-        raise  # unreachable: abort raises
-
-
-class V1Servicer(v1_grpc.DRAPluginServicer):
-    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
-
-    def __init__(self, service: ClaimService) -> None:
-        self.service = service
-
-    async def NodePrepareResources(
-        self, request: v1.NodePrepareResourcesRequest, context: Any
-    ) -> v1.NodePrepareResourcesResponse:
-        return await _guarded(context, self.service.prepare(request))
-
-    async def NodeUnprepareResources(
-        self, request: v1.NodeUnprepareResourcesRequest, context: Any
-    ) -> v1.NodeUnprepareResourcesResponse:
-        return await _guarded(context, self.service.unprepare(request))
-
-
-class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
-    """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin``: the v1 handler, re-encoded."""
-
-    def __init__(self, service: ClaimService) -> None:
-        self.service = service
-
-    async def NodePrepareResources(
-        self, request: v1beta1.NodePrepareResourcesRequest, context: Any
-    ) -> v1beta1.NodePrepareResourcesResponse:
-        converted = v1.NodePrepareResourcesRequest.FromString(request.SerializeToString())
-        answer = await _guarded(context, self.service.prepare(converted))
-        for claim in answer.claims.values():
-            for device in claim.devices:
-                device.ClearField("share_id")  # not in v1beta1
-        return v1beta1.NodePrepareResourcesResponse.FromString(answer.SerializeToString())
-
-    async def NodeUnprepareResources(
-        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Any
-    ) -> v1beta1.NodeUnprepareResourcesResponse:
-        converted = v1.NodeUnprepareResourcesRequest.FromString(request.SerializeToString())
-        answer = await _guarded(context, self.service.unprepare(converted))
-        return v1beta1.NodeUnprepareResourcesResponse.FromString(answer.SerializeToString())
