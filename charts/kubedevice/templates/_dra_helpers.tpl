@@ -227,7 +227,7 @@ nodeSelector differs from the plugin's. Takes the root context. */}}
 {{- if and $v.nvidia.enabled $v.dra.nvidia.enabled -}}
 {{- $affinity := $v.dra.nvidia.affinity | default $v.nvidia.affinity -}}
 {{- if and (eq (toJson $affinity) (toJson $v.nvidia.affinity)) (eq (toJson $v.dra.nvidia.nodeSelector) (toJson $v.nvidia.nodeSelector)) -}}
-{{- fail "nvidia.enabled and dra.nvidia.enabled put the GPU plugin and the GPU DRA driver on the same nodes, where a ResourceClaim can get a GPU the plugin handed out: give dra.nvidia.affinity (or dra.nvidia.nodeSelector) other nodes than nvidia.affinity (nvidia.nodeSelector), or turn one of them off (docs/nvidia-dra.md, \"Moving from the device plugin to DRA\")" -}}
+{{- fail "nvidia.enabled and dra.nvidia.enabled put the GPU plugin and the GPU DRA driver on the same nodes, where a ResourceClaim can get a GPU the plugin handed out: give dra.nvidia.affinity (or dra.nvidia.nodeSelector) other nodes than nvidia.affinity (nvidia.nodeSelector), or turn one of them off (docs/deploy.md, section 3)" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
