@@ -58,8 +58,8 @@ async def test_probes_follow_registration_and_metrics_count_claims_by_result(
         status, why = await _fetch(port, "/readyz")  # the kubelet has not registered it yet
         assert (status, why) == (503, "not registered with the kubelet\n")
         await clients.register(kdir / "plugins_registry" / f"{DRIVER}-reg.sock")
+        await asyncio.wait_for(srv.wait_published(), 30)  # registered and published: ready
         assert await _fetch(port, "/readyz") == (200, "ok\n")
-        await asyncio.wait_for(srv.wait_published(), 30)
 
         answer = await clients.prepare(kdir / "plugins" / DRIVER / "dra.sock", refs)
         assert [bool(answer.claims[r[2]].error) for r in refs] == [False, True]

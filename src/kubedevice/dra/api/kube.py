@@ -7,7 +7,8 @@ a kubeconfig that needs a credential plugin (``exec``, ``auth-provider``) or a p
 loaded with the official ``kubernetes`` client (the ``kube-client`` extra), imported only then.
 Plain JSON dicts in and out (no generated models: a field newer than the client is never
 dropped). Every failure is a :class:`~kubedevice.errors.KubeApiError`
-with the HTTP status (0: not reached, or no complete answer in time).
+with the HTTP status (0: not reached, or no complete answer in time); :attr:`KubeClient.failing`
+says whether the last call found the API server unusable (a driver's ``/readyz`` reads it).
 
 The calls are coroutines. Each runs in this client's own bounded thread pool, never in the
 event loop's default one: a slow API server holds at most these threads, and the local work
@@ -141,6 +142,10 @@ class KubeClient:
         self._watches: set[_Watch] = set()
         self._lock = threading.Lock()
         self._closed = False
+        #: Why the last call failed when the API server could not be used (not reached, no
+        #: answer in time, credentials refused: 401/403, a server error: 5xx); ``None``
+        #: once a call gets any other answer (a 404 or a conflict is the server working).
+        self.failing: str | None = None
         manager = endpoint.pool_manager
         manager.pool_classes_by_scheme = {
             "http": type(
@@ -304,13 +309,18 @@ class KubeClient:
                 preload_content=False,
             )
         except Exception as exc:
-            raise KubeApiError(f"watch {path}: {_what(exc)}") from None
+            error = KubeApiError(f"watch {path}: {_what(exc)}")
+            self._note(error)
+            raise error from None
         try:
             status = int(response.status)
             if not 200 <= status <= 299:
-                raise KubeApiError(
+                error = KubeApiError(
                     f"watch {path}: {status} {_reason(response.read(65536))}", status=status
                 )
+                self._note(error)
+                raise error
+            self._note(None)
             buffer = b""
             while chunk := response.read1(65536):
                 buffer += chunk
@@ -412,7 +422,6 @@ class KubeClient:
         """One API call, blocking, within :attr:`deadline_s` (retries included), or until
         the :func:`time.monotonic` time ``until``; the body goes as JSON (an apply patch's
         YAML is JSON text too)."""
-        import urllib3
 
         end = time.monotonic() + self.deadline_s if until is None else until
         watch = _Watch()
@@ -424,39 +433,67 @@ class KubeClient:
         if left <= 0:
             with self._lock:
                 self._watches.discard(watch)
-            raise KubeApiError(
+            error = KubeApiError(
                 f"{method} {path}: no complete answer within {self.deadline_s:g} s "
                 "(it waited for a free connection)"
             )
+            self._note(error)
+            raise error
         timer = threading.Timer(left, watch.fire)
         timer.daemon = True
         timer.start()
         _current.watch = watch
         try:
-            for attempt in range(_TRIES):
-                try:
-                    return self._once(method, path, query, body, content_type, end)
-                except urllib3.exceptions.NewConnectionError as exc:
-                    left = end - time.monotonic()
-                    if watch.fired or attempt == _TRIES - 1 or left < 0.5:
-                        raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
-                    time.sleep(min(0.2 * 2**attempt, left / 2))
-                except KubeApiError:
-                    raise
-                except Exception as exc:  # urllib3/ssl/socket/auth errors
-                    if watch.fired:
-                        break
-                    raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
-            raise KubeApiError(
-                f"{method} {path}: no complete answer within {self.deadline_s:g} s"
-                if not self._closed
-                else f"{method} {path}: the API client was closed"
-            )
+            answer = self._tries(method, path, query, body, content_type, end, watch)
+        except KubeApiError as exc:
+            self._note(exc)
+            raise
         finally:
             _current.watch = None
             timer.cancel()
             with self._lock:
                 self._watches.discard(watch)
+        self.failing = None
+        return answer
+
+    def _note(self, error: KubeApiError | None) -> None:
+        """Record how a call ended (see :attr:`failing`)."""
+        if error is None or not _unusable(error.status):
+            self.failing = None
+        else:
+            self.failing = str(error)
+
+    def _tries(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        body: dict[str, Any] | None,
+        content_type: str,
+        end: float,
+        watch: _Watch,
+    ) -> dict[str, Any]:
+        import urllib3
+
+        for attempt in range(_TRIES):
+            try:
+                return self._once(method, path, query, body, content_type, end)
+            except urllib3.exceptions.NewConnectionError as exc:
+                left = end - time.monotonic()
+                if watch.fired or attempt == _TRIES - 1 or left < 0.5:
+                    raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
+                time.sleep(min(0.2 * 2**attempt, left / 2))
+            except KubeApiError:
+                raise
+            except Exception as exc:  # urllib3/ssl/socket/auth errors
+                if watch.fired:
+                    break
+                raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
+        raise KubeApiError(
+            f"{method} {path}: no complete answer within {self.deadline_s:g} s"
+            if not self._closed
+            else f"{method} {path}: the API client was closed"
+        )
 
     def _once(
         self,
@@ -507,6 +544,12 @@ class KubeClient:
         if not isinstance(decoded, dict):
             raise KubeApiError(f"{method} {path}: the answer is not a JSON object")
         return decoded
+
+
+def _unusable(status: int) -> bool:
+    """Whether an answer of ``status`` says the API server cannot be used: not reached (0),
+    the credentials refused (401, 403) or a server error (5xx)."""
+    return status in (0, 401, 403) or status >= 500
 
 
 def _what(exc: BaseException) -> str:

@@ -250,6 +250,10 @@ class SlicePublisher:
         self._own_versions: set[str] = set()  # of slices this publisher wrote
         #: Whether the watch of the slices runs (then nothing is checked periodically).
         self.watching = False
+        #: Whether a reconcile has succeeded (the slices were as published at least once).
+        self.reconciled = False
+        #: Why the last reconcile failed; ``None`` once one succeeds.
+        self.last_error: str | None = None
 
     def update(self, devices: Sequence[Device], counter_sets: Sequence[CounterSet] = ()) -> None:
         """New devices (and the counter sets they consume from): publish them soon."""
@@ -330,6 +334,7 @@ class SlicePublisher:
             try:
                 await self.reconcile(self._devices)
             except Exception as exc:  # never fatal: logged, retried with backoff
+                self.last_error = str(exc) or type(exc).__name__
                 delay = self.backoff.next_delay()
                 log.warning(
                     "publishing ResourceSlices failed: %s; again in %.1fs",
@@ -341,6 +346,7 @@ class SlicePublisher:
                 await asyncio.sleep(delay)
                 continue
             self.backoff.reset()
+            self.reconciled, self.last_error = True, None
             if not self._dirty.is_set():
                 self._published.set()
 

@@ -424,13 +424,22 @@ class DriverServer:
         return None
 
     def _ready(self) -> str | None:
-        """``None`` once the kubelet registered the driver; else why not."""
+        """``None`` once the kubelet registered the driver, the slices were reconciled at
+        least once (or a newer instance publishes them) and the API server is not failing
+        the calls now (not reached, credentials refused, server errors); else why not."""
         live = self._live()
         if live is not None:
             return live
         if not self.registration.registered.is_set():
             error = self.registration.last_error
             return f"not registered with the kubelet{': ' + error if error else ''}"
+        failing = self._kube.failing if self._kube is not None else None
+        if failing is not None:
+            return f"API server calls failing: {failing}"
+        publisher = self.publisher
+        if publisher is not None and not publisher.reconciled and not publisher.deferring:
+            why = publisher.last_error
+            return f"ResourceSlices not published yet{': ' + why if why else ''}"
         return None
 
     # ---- gRPC services ---------------------------------------------------------------
