@@ -70,7 +70,7 @@ SYNONYMS = {
 }
 
 #: flags whose meaning is the command's own (a different file, a different wait)
-OWN_MEANING = {"--config", "--timeout", "--output", "--namespace", "--driver-name"}
+OWN_MEANING = {"--config", "--timeout", "--output", "--namespace", "--driver-name", "--dra"}
 
 #: flags whose default is the same wherever they appear (the others may default to a key
 #: of the command's config file, or to a path next to another option)

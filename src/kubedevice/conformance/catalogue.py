@@ -18,6 +18,8 @@ class Level(enum.Enum):
 
     MUST = "MUST"
     SHOULD = "SHOULD"
+    #: Reported, never judged (the DRA kit's cost figures): it never fails a run.
+    INFO = "INFO"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import logging
 import os
 import secrets
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kubedevice._api import ENV_DEVICE_PLUGIN_DIR
@@ -37,19 +37,34 @@ _KILL_ROUNDS = 5
 class PluginProcess:
     """One run of the plugin command."""
 
-    def __init__(self, command: Sequence[str], device_plugin_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        device_plugin_dir: Path | None,
+        log_path: Path,
+        *,
+        templates: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``templates`` (default ``{dir}``: the device plugin dir) are replaced in the
+        arguments; ``env`` is added to the environment (``$DP_DEVICE_PLUGIN_DIR`` is set
+        when there is a device plugin dir)."""
         if not command:
             raise ConfigError("no plugin command given")
-        self.argv = [arg.replace("{dir}", str(device_plugin_dir)) for arg in command]
+        if templates is None:
+            templates = {"{dir}": str(device_plugin_dir)}
+        self.argv = [_fill(arg, templates) for arg in command]
         self.device_plugin_dir = device_plugin_dir
+        self.extra_env = dict(env or {})
         self.log_path = log_path
         self._proc: asyncio.subprocess.Process | None = None
         self.mark = f"{os.getpid()}-{secrets.token_hex(8)}"
 
     async def start(self) -> None:
         """Start the command; :class:`ConfigError` when it cannot be executed at all."""
-        env = dict(os.environ)
-        env[ENV_DEVICE_PLUGIN_DIR] = str(self.device_plugin_dir)
+        env = {**os.environ, **self.extra_env}
+        if self.device_plugin_dir is not None:
+            env[ENV_DEVICE_PLUGIN_DIR] = str(self.device_plugin_dir)
         env[ENV_RUN_MARK] = self.mark  # inherited by all it starts: how leftovers are found
         env.setdefault("PYTHONUNBUFFERED", "1")
         with self.log_path.open("ab") as log:
@@ -208,6 +223,12 @@ class PluginProcess:
                 os.killpg(self._proc.pid, signal.SIGKILL)
         await self._proc.wait()
         await self.kill_group()  # what it started and left running, once it is reaped
+
+
+def _fill(arg: str, templates: Mapping[str, str]) -> str:
+    for name, value in templates.items():
+        arg = arg.replace(name, value)
+    return arg
 
 
 def _has_mark(pid: str, uid: int, mark: bytes) -> bool:
