@@ -8,6 +8,7 @@ import base64
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,26 @@ async def test_a_credential_plugin_goes_to_the_official_client(
     client = KubeClient.connect(path)
     assert isinstance(client._endpoint, ClientEndpoint)
     await _nodes_ok(client)
+
+
+def test_a_credential_plugin_without_the_client_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As after ``pip install kubedevice``: the one line says which extra to install."""
+    path = _kubeconfig(
+        tmp_path / "kc",
+        {"server": "https://127.0.0.1:1"},
+        {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "true"}},
+    )
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ImportError
+    with pytest.raises(ConfigError) as e:
+        KubeClient.connect(path)
+    assert str(e.value) == (
+        "this kubeconfig needs the Kubernetes client: pip install 'kubedevice[kube-client]'"
+    )
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert extras["kube-client"] == ["kubernetes>=37,<38"]
 
 
 def test_bad_kubeconfigs_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
