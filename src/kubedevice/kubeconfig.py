@@ -14,7 +14,13 @@ from typing import Final
 
 from kubedevice.errors import ConfigError
 
-__all__ = ["IN_CLUSTER_HOST_ENV", "KUBECONFIG_DEFAULT", "KUBECONFIG_HELP", "resolve_kubeconfig"]
+__all__ = [
+    "IN_CLUSTER_HOST_ENV",
+    "KUBECONFIG_DEFAULT",
+    "KUBECONFIG_HELP",
+    "check_kubeconfig_file",
+    "resolve_kubeconfig",
+]
 
 #: Set in every pod: where the in-cluster service account's API server is.
 IN_CLUSTER_HOST_ENV: Final = "KUBERNETES_SERVICE_HOST"
@@ -51,3 +57,22 @@ def resolve_kubeconfig(explicit: str | os.PathLike[str] | None) -> Path | None:
         f"no kubeconfig: give --kubeconfig or set $KUBECONFIG ({default} does not exist "
         f"and ${IN_CLUSTER_HOST_ENV} is not set, so this is not a pod)"
     )
+
+
+def check_kubeconfig_file(explicit: str | os.PathLike[str] | None) -> None:
+    """Check the file :func:`resolve_kubeconfig` finds by kubectl's rules
+    (:mod:`kubedevice.kubeconfig_rules`), for a command to refuse a bad kubeconfig before it
+    starts anything else. No file found (or the in-cluster account): nothing to check here;
+    the command says so where it needs one.
+
+    Raises:
+        ConfigError: kubectl would refuse the file.
+    """
+    from kubedevice.kubeconfig_rules import load_kubeconfig
+
+    try:
+        path = resolve_kubeconfig(explicit)
+    except ConfigError:
+        return
+    if path is not None:
+        load_kubeconfig(path)

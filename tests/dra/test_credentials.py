@@ -175,10 +175,10 @@ def test_bad_kubeconfigs_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.M
         {"server": "https://127.0.0.1:1", "certificate-authority": "nope.crt"},
         {"token": "t"},
     )
-    with pytest.raises(ConfigError, match=r"certificate-authority .*nope\.crt does not exist"):
+    with pytest.raises(ConfigError, match=r"certificate-authority .*nope\.crt cannot be read"):
         read_credentials(missing)
     (tmp_path / "bad").write_text("- a list\n")
-    with pytest.raises(ConfigError, match="is not a YAML mapping"):
+    with pytest.raises(ConfigError, match="is a list, not a mapping"):
         read_credentials(tmp_path / "bad")
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="not in a pod"):

@@ -33,6 +33,7 @@ from kubedevice.cli.options import (
     root_options,
 )
 from kubedevice.errors import ConfigError, KubeDeviceError, NvmlError
+from kubedevice.kubeconfig import check_kubeconfig_file
 from kubedevice.signals import stop_on_signals
 
 if TYPE_CHECKING:
@@ -305,6 +306,7 @@ def dra_command(
     )
     try:
         options.resolved(driver)  # a bad name or no node name: before NVML starts
+        check_kubeconfig_file(kubeconfig)  # and a kubeconfig kubectl would refuse
         driver.open()
     except NvmlError as exc:
         _fail(_nvml_line(exc))

@@ -1,14 +1,17 @@
 """The API server and credentials of a DRA driver, read without the ``kubernetes`` package.
 
-The common cases are read here: the pod's service account (its token read again whenever
-the kubelet rotates the file) and a kubeconfig whose user has a ``token``, a ``tokenFile``,
-a client certificate and key (files or ``-data``) or ``username``/``password``, whose
-cluster has a ``server``, a CA (file or ``-data``), ``tls-server-name`` or
+The common cases are read here: the pod's service account (its token read again whenever the
+kubelet rotates the file) and a kubeconfig whose user has a ``token``, a ``tokenFile``, a
+client certificate and key (files or ``-data``) or ``username``/``password``, whose cluster
+has a ``server``, a CA (file or ``-data``), ``tls-server-name`` or
 ``insecure-skip-tls-verify``. Relative paths are relative to the kubeconfig's directory, as
-kubectl reads them. Anything else (a credential plugin: ``exec``, ``auth-provider``; a
-``proxy-url``) gives ``None``: the official client, imported only then, handles it. The
-official client's import holds about 20 MB of memory for the life of the process (its
-generated models), which a driver with these credentials does not pay.
+kubectl reads them. Every kubeconfig is first checked by kubectl's rules
+(:mod:`kubedevice.kubeconfig_rules`): what kubectl refuses (a quoted
+``insecure-skip-tls-verify``, insecure together with a CA...) is refused here too, in one
+line, whichever client then reads it. Anything else (a credential plugin: ``exec``,
+``auth-provider``; a ``proxy-url``) gives ``None``: the official client, imported only then,
+handles it. The official client's import holds about 20 MB of memory for the life of the
+process (its generated models), which a driver with these credentials does not pay.
 
 Client certificate and key data are handed to TLS through anonymous memory files
 (``memfd_create``), never written to disk.
@@ -26,6 +29,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 from kubedevice.errors import ConfigError
+from kubedevice.kubeconfig_rules import load_kubeconfig
 
 __all__ = [
     "IN_CLUSTER_DIR",
@@ -53,6 +57,8 @@ class Credentials:
         tls_server_name: The name to verify the server's certificate against.
         token: A bearer token.
         token_file: A file with the bearer token, read again when it changes.
+        token_fallback: The token used while ``token_file`` cannot be read (a kubeconfig
+            user with both ``token`` and ``tokenFile``, as client-go reads it).
         basic: ``(user, password)`` for basic authentication.
     """
 
@@ -64,6 +70,7 @@ class Credentials:
     tls_server_name: str | None = None
     token: str | None = None
     token_file: Path | None = None
+    token_fallback: str | None = None
     basic: tuple[str, str] | None = None
     _fds: list[int] = field(default_factory=list, repr=False)
     _token_seen: tuple[int, int] | None = field(default=None, repr=False)
@@ -76,11 +83,16 @@ class Credentials:
             OSError: The token file cannot be read.
         """
         if self.token_file is not None:
-            st = os.stat(self.token_file)
-            with self._lock:
-                if self._token_seen != (st.st_mtime_ns, st.st_size) or self.token is None:
-                    self.token = self.token_file.read_text().strip()
-                    self._token_seen = (st.st_mtime_ns, st.st_size)
+            try:
+                st = os.stat(self.token_file)
+                with self._lock:
+                    if self._token_seen != (st.st_mtime_ns, st.st_size) or self.token is None:
+                        self.token = self.token_file.read_text().strip()
+                        self._token_seen = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                if self.token_fallback is None:
+                    raise
+                self.token = self.token_fallback  # a token beside the file: client-go's way
         if self.token:
             return f"Bearer {self.token}"
         if self.basic is not None:
@@ -126,46 +138,34 @@ def read_credentials(kubeconfig: Path | None) -> Credentials | None:
     """
     if kubeconfig is None:
         return _in_cluster()
-    import yaml
-
-    try:
-        doc = yaml.safe_load(kubeconfig.read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read kubeconfig {kubeconfig}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"kubeconfig {kubeconfig} is not a YAML mapping")
-    current = doc.get("current-context")
-    if not isinstance(current, str) or not current:
-        return None  # the official client says what is wrong
-    context = _named(doc, "contexts", current)
-    if context is None:
-        return None
-    cluster = _named(doc, "clusters", str(context.get("cluster", "")))
-    user = _named(doc, "users", str(context.get("user", ""))) if context.get("user") else {}
-    if cluster is None or user is None:
-        return None
+    doc = load_kubeconfig(kubeconfig)  # checked by kubectl's rules: types, TLS, files, methods
+    context = _named(doc, "contexts", doc["current-context"]) or {}
+    cluster = _named(doc, "clusters", context.get("cluster") or "") or {}
+    user = _named(doc, "users", context.get("user") or "") or {}
     if set(user) - _USER_KEYS or set(cluster) - _CLUSTER_KEYS:
         return None  # exec, auth-provider, proxy-url, impersonation...: the official client
-    server = cluster.get("server")
-    if not isinstance(server, str) or not server.startswith(("https://", "http://")):
+    server = cluster["server"]
+    if not server.startswith(("https://", "http://")):
         return None
     base = kubeconfig.parent
     creds = Credentials(
         server=server.rstrip("/"),
-        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        insecure=cluster.get("insecure-skip-tls-verify") is True,
         tls_server_name=cluster.get("tls-server-name") or None,
     )
     try:
         creds.ca_file = _file_or_data(creds, base, cluster, "certificate-authority")
-        creds.cert_file = _file_or_data(creds, base, user, "client-certificate")
-        creds.key_file = _file_or_data(creds, base, user, "client-key")
-        if user.get("token"):
-            creds.token = str(user["token"])
-        elif user.get("tokenFile"):
-            creds.token_file = base / str(user["tokenFile"])
-        elif user.get("username") is not None:
-            creds.basic = (str(user["username"]), str(user.get("password", "")))
-        creds.authorization()  # a token file that cannot be read fails now
+        if user.get("client-certificate") or user.get("client-certificate-data"):
+            creds.cert_file = _file_or_data(creds, base, user, "client-certificate")
+            creds.key_file = _file_or_data(creds, base, user, "client-key")
+        if user.get("tokenFile"):  # as client-go: the file, read again; the token if unreadable
+            creds.token_file = base / user["tokenFile"]
+            creds.token_fallback = user.get("token") or None
+        elif user.get("token"):
+            creds.token = user["token"]
+        elif user.get("username") or user.get("password"):
+            creds.basic = (user.get("username") or "", user.get("password") or "")
+        creds.authorization()  # a token file that cannot be read (and no token) fails now
     except (OSError, ValueError, binascii.Error) as exc:
         creds.close()
         raise ConfigError(f"cannot load kubeconfig {kubeconfig}: {exc}") from None
@@ -212,7 +212,7 @@ def _file_or_data(creds: Credentials, base: Path, section: dict[str, Any], key: 
     if data:
         fd = os.memfd_create(key, os.MFD_CLOEXEC)
         creds._fds.append(fd)
-        os.write(fd, base64.b64decode(str(data), validate=True))
+        os.write(fd, base64.b64decode(str(data).replace("\r", "").replace("\n", ""), validate=True))
         return f"/proc/self/fd/{fd}"
     path = section.get(key)
     if path:
