@@ -114,6 +114,7 @@ class Running:
         sock = next(p for p in registry.iterdir() if p.name.endswith("-reg.sock"))
         with grpc.insecure_channel(f"unix:{sock}") as channel:
             info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=10)
+        self.sock = Path(info.endpoint)
         self.channel = grpc.insecure_channel(f"unix:{info.endpoint}")
         self.stub = v1_grpc.DRAPluginStub(self.channel)
         self.devices = self._published()
