@@ -227,3 +227,79 @@ async def test_an_unsynced_save_of_a_small_file_is_written_on_the_loop(
     assert len(reread.claims) == claims - 1
     if saver.syncing is not None:
         await saver.syncing
+
+
+async def test_a_new_prepare_syncs_once_after_its_hook_and_its_spec_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "preparing" record is in the file (every process, and the next start after a
+    kill, sees it) when the hook runs, but is not fsynced on its own: the one synced save
+    after the hook makes both durable. The CDI spec is never fsynced (a start writes it
+    again from the checkpoint)."""
+    from collections.abc import AsyncIterator, Sequence
+
+    import kubedevice.dra as dra
+    from dra.fakes import gpus
+    from kubedevice._api.dra.v1 import api_pb2 as v1
+    from kubedevice.dra.node.service import ClaimService
+    from kubedevice.dra.state.cdi import CdiWriter
+
+    devices = {d.name: d for d in gpus(1)}
+    events: list[str] = []
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+
+    class Recording(Checkpoint):
+        def save(self, *, sync: bool = True) -> None:
+            super().save(sync=sync)
+            events.append(f"save sync={sync}")
+
+        def sync(self) -> None:
+            super().sync()
+            events.append("sync")
+
+    checkpoint = Recording(tmp_path / "c.json", DRIVER)
+
+    class Driver(dra.Driver):
+        driver_name = DRIVER
+
+        async def devices(self) -> AsyncIterator[Sequence[dra.Device]]:
+            yield list(devices.values())
+
+        async def prepare(self, claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
+            on_disk = Checkpoint(checkpoint.path, DRIVER)
+            on_disk.load()
+            events.append(f"hook sees preparing={sorted(on_disk.preparing)}")
+            return await super().prepare(claim)
+
+    class Kube:
+        async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+            result = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}
+            return {
+                "metadata": {"namespace": namespace, "name": name, "uid": "uid-0001"},
+                "status": {"allocation": {"devices": {"results": [result]}}},
+            }
+
+    service = ClaimService(
+        Driver(),
+        driver_name=DRIVER,
+        node_name="node-a",
+        kube=Kube(),  # type: ignore[arg-type]
+        checkpoint=checkpoint,
+        cdi=CdiWriter(tmp_path / "cdi", DRIVER),
+        devices=lambda: devices,
+    )
+    claim = v1.Claim(namespace="default", name="claim-1", uid="uid-0001")
+    answer = await service.prepare(v1.NodePrepareResourcesRequest(claims=[claim]))
+    assert answer.claims["uid-0001"].error == ""
+    assert events == ["save sync=False", "hook sees preparing=['uid-0001']", "save sync=True"]
+    assert service.saver.syncing is None  # no fsync of the "preparing" record follows
+    # one fsync: the checkpoint's new file, before it replaced the old one; none of a spec
+    assert [Path(p).name.startswith(".c.json.") for p in synced] == [True]
+    assert (tmp_path / "cdi" / f"k8s.{DRIVER}-claim_uid-0001.json").is_file()

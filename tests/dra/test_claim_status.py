@@ -100,19 +100,60 @@ async def test_a_claim_gone_before_its_status_is_written_is_dropped_not_retried(
         api, "default", f"gone-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
     )
     name, uid = claim["metadata"]["name"], claim["metadata"]["uid"]
-    async with server(FakeDriver([_gpu(0)]), kdir, kubeconfig, node_name) as srv:
+    driver = FakeDriver([_gpu(0)])
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
         assert srv.status is not None
         sock = kdir / "plugins" / DRIVER / "dra.sock"
         answer = await clients.prepare(sock, [("default", name, uid)])
         assert answer.claims[uid].error == ""
         await asyncio.wait_for(srv.status.wait_written(uid), 10)
         writes = srv.status.writes
+        # a prepare again writes nothing: the status is written, the same
+        answer = await clients.prepare(sock, [("default", name, uid)])
+        assert answer.claims[uid].error == ""
+        await asyncio.wait_for(srv.status.wait_written(uid), 10)
+        assert srv.status.writes == writes
         api.call("DELETE", f"{BASE}/{name}")
         with caplog.at_level(logging.WARNING, logger="kubedevice.dra.api.status"):
-            srv.status.prepared([uid])  # again, now that it is gone
+            # its device's health changes: the status would change, the claim is gone
+            driver.snapshots.put_nowait([_gpu(0, dra.Fault("gpu-lost"))])
+            await asyncio.sleep(0)
+            await asyncio.wait_for(srv.wait_published(), 30)
             await asyncio.wait_for(srv.status.wait_written(uid), 10)
         assert srv.status.writes == writes
         # caplog holds every logger's records (a slow machine may add others): this one's
         [line] = [r.getMessage() for r in caplog.records if r.name == "kubedevice.dra.api.status"]
         assert "not written" in line
         assert "404" in line
+
+
+async def test_a_status_write_waits_until_no_claim_call_is_in_flight(tmp_path: Path) -> None:
+    """The apply gives way to the kubelet's calls (they compete for the CPU on a small
+    node), and is made once they are over."""
+    from kubedevice.dra.api.status import ClaimStatusWriter
+    from kubedevice.dra.model.types import ClaimRef, PreparedClaim
+    from kubedevice.dra.state.checkpoint import Checkpoint
+
+    events: list[str] = []
+
+    class Kube:
+        async def apply_claim_status(self, *args: Any) -> dict[str, Any]:
+            events.append("write")
+            return {}
+
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    ref = ClaimRef("default", "c", "uid-1")
+    checkpoint.claims[ref.uid] = PreparedClaim(ref=ref, devices=(("gpu", "node-a", "gpu-0"),))
+    writer = ClaimStatusWriter(Kube(), DRIVER, "node-a", checkpoint, dict)  # type: ignore[arg-type]
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.call_started()  # a call in flight (another claim's)
+        writer.prepared([ref.uid])
+        for _ in range(20):  # the writer's turns: it would have written by now
+            await asyncio.sleep(0)
+        events.append("call ended")
+        writer.call_ended()
+        await asyncio.wait_for(writer.wait_written(ref.uid), 10)
+        assert events == ["call ended", "write"]
+    finally:
+        task.cancel()

@@ -10,15 +10,21 @@ with the field manager ``<driver>/<node>``, so entries of other drivers are left
 - ``data``: the device's ``uuid``, ``pciBusID`` and ``path`` attributes, where it has them.
 
 A health change rewrites the entries of the prepared claims with that device. Writes run in
-the background, never delaying the kubelet's call; a failure is logged and retried with
-backoff, except a refusal (403: the driver lacks ``resourceclaims/status`` and, from
-Kubernetes 1.36, ``associated-node:patch`` on ``resourceclaims/driver``; 404: the claim is
-gone; 409/422: the claim changed, e.g. deallocated), logged once per claim and dropped.
+the background, never delaying the kubelet's call, and give way to its calls: a write waits
+until no ``NodePrepareResources``/``NodeUnprepareResources`` has been in flight for
+:data:`QUIET_S` (at most :data:`MAX_DEFER_S` after it was asked for), so that on a small
+node the apply (costly for the API server too) does not compete with the next call. A
+claim's status already written with the same entries (a repeated prepare) is not written
+again. A failure is logged and retried with backoff, except a refusal (403: the driver
+lacks ``resourceclaims/status`` and, from Kubernetes 1.36, ``associated-node:patch`` on
+``resourceclaims/driver``; 404: the claim is gone; 409/422: the claim changed, e.g.
+deallocated), logged once per claim and dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,9 +36,14 @@ from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.errors import KubeApiError
 from kubedevice.plugin.registration import Backoff
 
-__all__ = ["ClaimStatusWriter", "device_status"]
+__all__ = ["MAX_DEFER_S", "QUIET_S", "ClaimStatusWriter", "device_status"]
 
 log = logging.getLogger(__name__)
+
+#: A status write waits until no claim call has been in flight for this long...
+QUIET_S: Final = 0.05
+#: ... but at most this long after it was asked for.
+MAX_DEFER_S: Final = 1.0
 
 _DATA_ATTRIBUTES: Final = {
     "uuid": "uuid",
@@ -139,7 +150,37 @@ class ClaimStatusWriter:
         self._written = asyncio.Condition()
         self._seen: dict[str, tuple[Health, str]] = {}
         self._times: dict[tuple[str, str, str], tuple[str, str]] = {}
+        self._bodies: dict[str, dict[str, Any]] = {}  # uid -> the body last written
         self.backoff = Backoff(initial=0.5, maximum=30.0)
+        self._calls = 0  # claim calls in flight
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._last_call = 0.0  # loop time the last claim call ended
+
+    def call_started(self) -> None:
+        """A claim call (prepare or unprepare) began: writes wait until it ends."""
+        self._calls += 1
+        self._idle.clear()
+
+    def call_ended(self) -> None:
+        """A claim call ended."""
+        self._calls -= 1
+        self._last_call = asyncio.get_running_loop().time()
+        if self._calls == 0:
+            self._idle.set()
+
+    async def _quiet(self, deadline: float) -> None:
+        """Wait until no claim call has been in flight for :data:`QUIET_S`, or ``deadline``."""
+        loop = asyncio.get_running_loop()
+        while (now := loop.time()) < deadline:
+            if self._calls:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), deadline - now)
+                continue
+            wait = self._last_call + QUIET_S - now
+            if wait <= 0:
+                return
+            await asyncio.sleep(min(wait, deadline - now))
 
     def prepared(self, uids: Iterable[str]) -> None:
         """Claims just prepared: write their status (soon, from :meth:`run`)."""
@@ -167,13 +208,17 @@ class ClaimStatusWriter:
 
     async def run(self) -> None:
         """Write what is marked; retry failures with backoff. Never returns."""
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
+            deadline = loop.time() + MAX_DEFER_S
+            await self._quiet(deadline)
             self._wake.clear()
             batch, self._dirty = sorted(self._dirty), set()
             self._writing = set(batch)
             retry = False
             for uid in batch:
+                await self._quiet(deadline)
                 claim = self.checkpoint.claims.get(uid)
                 try:
                     if claim is not None:
@@ -226,9 +271,15 @@ class ClaimStatusWriter:
 
     async def _write(self, claim: PreparedClaim) -> None:
         body = self.body(claim)
+        uid = claim.ref.uid
+        if self._bodies.get(uid) == body:
+            return  # written already, the same (a repeated prepare)
         await self.kube.apply_claim_status(claim.ref.namespace, claim.ref.name, body, self.manager)
         self.writes += 1
         log.debug("status of claim %s written (%d devices)", claim.ref, len(claim.devices))
-        live = set(self.checkpoint.claims)
+        self._bodies[uid] = body
+        live = self.checkpoint.claims
         for key in [k for k in self._times if k[0] not in live]:
             del self._times[key]
+        for gone in [u for u in self._bodies if u not in live]:
+            del self._bodies[gone]

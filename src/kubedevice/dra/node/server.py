@@ -449,9 +449,8 @@ class DriverServer:
         v1: Any = V1Servicer(self.claims)
         v1beta1: Any = V1beta1Servicer(self.claims)
         if self.metrics is not None or self.status is not None:
-            prepared = self.status.prepared if self.status is not None else None
-            v1 = ObservedServicer(v1, self.metrics, prepared)
-            v1beta1 = ObservedServicer(v1beta1, self.metrics, prepared)
+            v1 = ObservedServicer(v1, self.metrics, self.status)
+            v1beta1 = ObservedServicer(v1beta1, self.metrics, self.status)
         v1_grpc.add_DRAPluginServicer_to_server(v1, server)
         v1beta1_grpc.add_DRAPluginServicer_to_server(v1beta1, server)
         if self.settings.health:

@@ -303,12 +303,15 @@ class ClaimService:
             share_ids=tuple(d.share_id for d in claim.devices),
             admin_access=tuple(d.admin_access for d in claim.devices),
         )
-        # "prepare started" is on disk before the hook runs: if the driver dies in the
-        # hook, the next start (or the next unprepare) undoes what the hook did
+        # "prepare started" is in the file before the hook runs: if the driver dies in the
+        # hook, the next start (or the next unprepare) undoes what the hook did. Not
+        # fsynced: a killed process leaves the page cache to the next start; a power loss
+        # takes what the hook did to the devices with it (and the kubelet prepares the
+        # running pods' claims again after a reboot); the synced save below covers it
         before = self.checkpoint.claims.pop(ref.uid, None)
         self.checkpoint.preparing[ref.uid] = started
         try:
-            await self.saver.save()
+            await self.saver.save(sync=False, follow=False)
         except OSError as exc:
             del self.checkpoint.preparing[ref.uid]
             if before is not None:

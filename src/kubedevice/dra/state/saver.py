@@ -6,7 +6,9 @@ unprepare's) returns once the file every process reads has the change (written o
 event loop while the file is small: a thread hop there and back costs more than the
 write), and the fsync (file, then directory) follows right after in a task of its own, off
 the call's path; a synced save (a prepare's) waits for it, or syncs what an unsynced save
-wrote.
+wrote. A save with ``follow=False`` (a prepare's "preparing" record, made durable by that
+prepare's own synced save right after its hook) is written as an unsynced one is, and no
+fsync follows it.
 """
 
 from __future__ import annotations
@@ -39,8 +41,14 @@ class CheckpointSaver:
         #: The fsync that follows an unsynced save, while it is pending.
         self.syncing: asyncio.Task[None] | None = None
 
-    async def save(self, *, sync: bool = True) -> None:
+    async def save(self, *, sync: bool = True, follow: bool = True) -> None:
         """Save the checkpoint with the change just made.
+
+        Args:
+            sync: Return once the change is on disk (fsynced); else once every process
+                sees it.
+            follow: With ``sync=False``, fsync right after, off the caller's path; with
+                ``False`` the caller's next synced save does it.
 
         Raises:
             OSError: It cannot be written (or, with ``sync``, synced).
@@ -64,7 +72,7 @@ class CheckpointSaver:
                 upto = self._saved
                 await asyncio.to_thread(self.checkpoint.sync)
                 self._synced = upto
-        if self._synced < mine and self.syncing is None:
+        if follow and self._synced < mine and self.syncing is None:
             self.syncing = asyncio.create_task(self._sync_soon(), name="sync the checkpoint")
 
     async def _sync_soon(self) -> None:
