@@ -16,6 +16,7 @@
     ├── NvmlError                    an NVML call failed (GPU plugin; NotSupported is not one)
     ├── ConformanceFailure           a conformance run found a MUST failure
     ├── ClaimError                   a DRA claim cannot be prepared (its text goes to the kubelet)
+    │   └── DeviceHeldError          its device is prepared for another claim on the node
     ├── KubeApiError                 the Kubernetes API server refused a DRA driver's call
     ├── InstanceLockError            another instance of the DRA driver runs on this node
     └── AdvertiseError               the API server refused a node-status patch or was unreachable
@@ -34,6 +35,7 @@ __all__ = [
     "ClaimError",
     "ConfigError",
     "ConformanceFailure",
+    "DeviceHeldError",
     "EmulatorError",
     "InstanceLockError",
     "InvalidResourceNameError",
@@ -121,6 +123,18 @@ class ConformanceFailure(KubeDeviceError):
 
 class ClaimError(KubeDeviceError):
     """A DRA claim cannot be prepared or unprepared; the text is that claim's ``error``."""
+
+
+class DeviceHeldError(ClaimError):
+    """A device of a DRA claim is prepared for another claim on this node.
+
+    ``holder`` is that claim's UID, ``device`` the device's name.
+    """
+
+    def __init__(self, message: str, holder: str, device: str) -> None:
+        self.holder = holder
+        self.device = device
+        super().__init__(message)
 
 
 class KubeApiError(KubeDeviceError):

@@ -144,8 +144,10 @@ def create_claim(
     requests: list[str] = ("gpu",),  # type: ignore[assignment]
     results: list[dict[str, Any]] | None = None,
     config: list[dict[str, Any]] | None = None,
+    reserved_for: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Create a ResourceClaim and, with ``results``, write its allocation into its status."""
+    """Create a ResourceClaim and, with ``results``, write its allocation into its status
+    (and ``reserved_for``, its ``status.reservedFor``: the pods using it)."""
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -163,6 +165,8 @@ def create_claim(
     claim = api.call("POST", base, body)
     if results is not None:
         claim["status"] = {"allocation": {"devices": {"results": results, "config": config or []}}}
+        if reserved_for:
+            claim["status"]["reservedFor"] = reserved_for
         claim = api.call("PUT", f"{base}/{name}/status", claim)
     return claim
 

@@ -38,7 +38,9 @@ def _claim(
     requests: list[dict[str, Any]] | None = None,
     ns: str = NS,
 ) -> tuple[str, str, str]:
-    """A claim (``requests`` as written in its spec) with ``results`` as its allocation."""
+    """A claim (``requests`` as written in its spec) with ``results`` as its allocation,
+    reserved for a pod (as the scheduler leaves it: a claim of no pod is one the driver
+    waits to see unprepared, test_force_delete.py)."""
     requests = requests or [
         {"name": r, "exactly": {"deviceClassName": "example"}}
         for r in dict.fromkeys(x["request"].split("/")[0] for x in results)
@@ -51,7 +53,8 @@ def _claim(
     }
     base = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
     claim = api.call("POST", base, body)
-    claim["status"] = {"allocation": {"devices": {"results": results}}}
+    pod = {"resource": "pods", "name": f"pod-{name}"[:63], "uid": str(uuid.uuid4())}
+    claim["status"] = {"allocation": {"devices": {"results": results}}, "reservedFor": [pod]}
     claim = api.call("PUT", f"{base}/{name}/status", claim)
     return (ns, name, claim["metadata"]["uid"])
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from kubedevice.dra.model.taints import TaintPolicy
 from kubedevice.dra.model.types import AllocatedDevice, Claim, Device, Health, PreparedClaim
-from kubedevice.errors import ClaimError
+from kubedevice.errors import ClaimError, DeviceHeldError
 
 __all__ = ["check_claim", "tolerates"]
 
@@ -52,7 +52,8 @@ def check_claim(
         held: The claims prepared, or being prepared, on this node (``claim`` may be one).
 
     Raises:
-        ClaimError: A rule is broken; the message says which, naming claim and device.
+        ClaimError: A rule is broken; the message says which, naming claim and device
+            (:class:`~kubedevice.errors.DeviceHeldError`: the device is another claim's).
     """
     if not claim.devices:
         raise ClaimError(
@@ -100,9 +101,11 @@ def _check_shared(
             if shareable
             else "admin access (the device does not allow multiple allocations)"
         )
-        raise ClaimError(
+        raise DeviceHeldError(
             f"device {name} (pool {pool}) is already prepared for claim {other.ref}; "
-            f"claim {claim.ref} is allocated the same device without {why}: not prepared"
+            f"claim {claim.ref} is allocated the same device without {why}: not prepared",
+            holder=other.ref.uid,
+            device=name,
         )
 
 

@@ -44,13 +44,20 @@ from kubedevice.dra.model.types import (
 )
 from kubedevice.dra.node.inflight import InFlight
 from kubedevice.dra.node.refresh import ask_refresh
+from kubedevice.dra.node.released import CALL_DEADLINE, Releases
 from kubedevice.dra.node.rules import check_claim
 from kubedevice.dra.state.cdi import CdiWriter, cdi_edits
 from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.dra.state.handover import SharedClaims
 from kubedevice.dra.state.lock import ClaimsLock
 from kubedevice.dra.state.saver import CheckpointSaver
-from kubedevice.errors import ClaimError, ConfigError, KubeApiError, KubeDeviceError
+from kubedevice.errors import (
+    ClaimError,
+    ConfigError,
+    DeviceHeldError,
+    KubeApiError,
+    KubeDeviceError,
+)
 
 __all__ = ["ClaimService"]
 
@@ -107,6 +114,8 @@ class ClaimService:
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # uid -> lock, users
         #: The calls' work in flight (each run to its end, even when its call is cut off).
         self.inflight = InFlight()
+        #: Prepares waiting for a device's last claim to be unprepared.
+        self.releases = Releases(kube, driver_name)
         self.saver = CheckpointSaver(checkpoint)
         #: The node's claims lock around each call (:mod:`kubedevice.dra.state.handover`).
         self.shared = SharedClaims(
@@ -169,9 +178,11 @@ class ClaimService:
     # ---- the RPCs (v1 messages) ------------------------------------------------------
 
     async def prepare(
-        self, request: v1.NodePrepareResourcesRequest
+        self, request: v1.NodePrepareResourcesRequest, deadline: float | None = None
     ) -> v1.NodePrepareResourcesResponse:
-        """Answer ``NodePrepareResources``: one entry per claim UID of the request."""
+        """Answer ``NodePrepareResources``: one entry per claim UID of the request (the
+        call's ``deadline``, ``loop.time()``, bounds a wait for a device's last claim)."""
+        CALL_DEADLINE.set(deadline)  # in the caller's task: its work's task inherits it
         response = v1.NodePrepareResourcesResponse()
         claims = list(request.claims)
         if len(claims) > MAX_CLAIMS_PER_CALL:
@@ -288,14 +299,21 @@ class ClaimService:
 
     async def _prepare_new(self, ref: ClaimRef) -> PreparedClaim:
         claim = await self._read(ref)
-        check_claim(
-            claim,
-            driver_name=self.driver_name,
-            node_name=self.node_name,
-            devices=self.devices(),
-            taints=self.taints,
-            held=[*self.checkpoint.claims.values(), *self.checkpoint.preparing.values()],
-        )
+        while True:
+            try:
+                check_claim(
+                    claim,
+                    driver_name=self.driver_name,
+                    node_name=self.node_name,
+                    devices=self.devices(),
+                    taints=self.taints,
+                    held=[*self.checkpoint.claims.values(), *self.checkpoint.preparing.values()],
+                )
+                break
+            except DeviceHeldError as exc:  # its last claim may be on its way out
+                holder = self.checkpoint.claims.get(exc.holder)
+                if holder is None or not await self.releases.wait(holder, ref, exc.device):
+                    raise
         started = PreparedClaim(
             ref=ref,
             devices=tuple((d.request, d.pool, d.name) for d in claim.devices),
@@ -433,6 +451,7 @@ class ClaimService:
                 f"cannot save the checkpoint without claim {prepared.ref} ({exc}); "
                 "it stays prepared until an unprepare succeeds"
             ) from None
+        self.releases.released(uid)
 
     async def _unprepare_one(self, raw: v1.Claim) -> str:
         if not raw.uid:

@@ -6,6 +6,7 @@ the answers re-encoded. A bug of ours in a call is ``INTERNAL``; the daemon stay
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -32,6 +33,12 @@ async def _guarded(context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[
         raise  # unreachable: abort raises
 
 
+def _deadline(context: Any) -> float | None:
+    """The call's deadline on the loop's clock (``None``: the caller set none)."""
+    left = context.time_remaining()
+    return None if left is None else asyncio.get_running_loop().time() + left
+
+
 class V1Servicer(v1_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
 
@@ -41,7 +48,7 @@ class V1Servicer(v1_grpc.DRAPluginServicer):
     async def NodePrepareResources(
         self, request: v1.NodePrepareResourcesRequest, context: Any
     ) -> v1.NodePrepareResourcesResponse:
-        return await _guarded(context, self.service.prepare(request))
+        return await _guarded(context, self.service.prepare(request, _deadline(context)))
 
     async def NodeUnprepareResources(
         self, request: v1.NodeUnprepareResourcesRequest, context: Any
@@ -59,7 +66,7 @@ class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
         self, request: v1beta1.NodePrepareResourcesRequest, context: Any
     ) -> v1beta1.NodePrepareResourcesResponse:
         converted = v1.NodePrepareResourcesRequest.FromString(request.SerializeToString())
-        answer = await _guarded(context, self.service.prepare(converted))
+        answer = await _guarded(context, self.service.prepare(converted, _deadline(context)))
         for claim in answer.claims.values():
             for device in claim.devices:
                 device.ClearField("share_id")  # not in v1beta1
