@@ -12,8 +12,9 @@ impersonation extras without ``as``, and ``insecure-skip-tls-verify: true`` toge
 a CA ("specifying a root certificates file with the insecure flag is not allowed").
 
 Every refusal is one :class:`~kubedevice.errors.ConfigError` line that names the file, the
-entry and the field. Both readers of a kubeconfig check it here first: the DRA kit's own
-(:mod:`kubedevice.dra.api.credentials`) and, through it, the official client's.
+entry and the field. Every reader of a kubeconfig checks it here first: the DRA kit's own
+(:mod:`kubedevice.dra.api.credentials`), the official client's it hands a credential plugin
+to, and ``advertise``'s.
 
 A leaf module (the standard library, PyYAML and ``kubedevice.errors`` only).
 """
@@ -80,8 +81,9 @@ _WANTED: Final = {
 }
 
 
-def load_kubeconfig(path: Path) -> dict[str, Any]:
-    """The YAML of ``path``, checked by :func:`check_kubeconfig`.
+def load_kubeconfig(path: Path, context: str | None = None) -> dict[str, Any]:
+    """The YAML of ``path``, checked by :func:`check_kubeconfig` (for ``context``, else its
+    ``current-context``).
 
     Raises:
         ConfigError: It cannot be read or parsed, or kubectl would refuse it.
@@ -92,7 +94,7 @@ def load_kubeconfig(path: Path) -> dict[str, Any]:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read kubeconfig {path}: {' '.join(str(exc).split())}") from None
-    check_kubeconfig(doc, path)
+    check_kubeconfig(doc, path, context)
     assert isinstance(doc, dict)  # checked
     return doc
 

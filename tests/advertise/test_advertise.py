@@ -149,7 +149,11 @@ def _advertise(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ},  # these sources
+        },
     )
 
 
@@ -371,7 +375,21 @@ def test_missing_kubeconfig(tmp_path: Path) -> None:
     proc = _advertise(tmp_path, "--kubeconfig", str(tmp_path / "bad"), "n1", "example.com/foo=1")
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
-    assert line.startswith(f"error: cannot load Kubernetes credentials ({tmp_path / 'bad'}): ")
+    assert line == f"error: kubeconfig {tmp_path / 'bad'}: clusters is the number 7, not a list"
+
+
+def test_a_kubeconfig_kubectl_refuses_is_refused(api: FakeApi, tmp_path: Path) -> None:
+    """The official client reads a quoted "false" as true (verification off): kubectl's rules
+    refuse it before any request carries the token."""
+    kubeconfig = _kubeconfig(tmp_path / "kubeconfig", api.url)
+    doc = json.loads(kubeconfig.read_text())
+    doc["clusters"][0]["cluster"]["insecure-skip-tls-verify"] = "false"
+    kubeconfig.write_text(json.dumps(doc))
+    proc = _advertise(tmp_path, "--kubeconfig", str(kubeconfig), "n1", "example.com/foo=1")
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert "insecure-skip-tls-verify is the string 'false', not a boolean" in line
+    assert api.received == []
 
 
 def test_pointer_escaping() -> None:

@@ -26,12 +26,14 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from kubedevice.advertise.patch import PatchRequest
 from kubedevice.advertise.target import kubeconfig_path
 from kubedevice.errors import AdvertiseError, ConfigError
+from kubedevice.kubeconfig_rules import load_kubeconfig
 
 __all__ = ["MAX_BODY", "Connection", "load_connection", "send"]
 
@@ -78,6 +80,8 @@ def load_connection(kubeconfig: str | None, context: str | None) -> Connection:
     only for a real request, never for a dry run.
     """
     path = kubeconfig_path(kubeconfig)
+    if path is not None:  # kubectl's rules first: the official client reads "false" as true
+        load_kubeconfig(Path(path), context)
     k8s = _kubernetes()
     cfg = k8s.client.Configuration()
     where = path or "in-cluster service account"
