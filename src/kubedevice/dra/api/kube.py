@@ -393,21 +393,30 @@ class KubeClient:
         body: dict[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        # the deadline runs from now: time spent waiting for a free thread counts too
+        # the deadline runs from now: time spent waiting for a free thread counts too; it
+        # is kept by the event loop's timer (a thread per call, as call() starts, costs
+        # a thread start, and its handshake, on every call)
         end = time.monotonic() + self.deadline_s
-        return await self._in_pool(
-            lambda: self.call(
-                method, path, query=query, body=body, content_type=content_type, until=end
+        watch = _Watch()
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.deadline_s, watch.fire)
+        try:
+            future = self._in_pool(
+                lambda: self._call(method, path, query, body, content_type, end, watch)
             )
-        )
+        except BaseException:
+            timer.cancel()
+            raise
+        # kept until the thread is done with the call, even if the caller stops waiting
+        future.add_done_callback(lambda _done: timer.cancel())
+        return await future
 
-    async def _in_pool(self, fn: Callable[[], _T]) -> _T:
+    def _in_pool(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
         loop = asyncio.get_running_loop()
         try:
-            future = loop.run_in_executor(self._pool, fn)
+            return loop.run_in_executor(self._pool, fn)
         except RuntimeError:  # closed: shut down
             raise KubeApiError("the API client is closed") from None
-        return await future
 
     def call(
         self,
@@ -422,9 +431,27 @@ class KubeClient:
         """One API call, blocking, within :attr:`deadline_s` (retries included), or until
         the :func:`time.monotonic` time ``until``; the body goes as JSON (an apply patch's
         YAML is JSON text too)."""
-
         end = time.monotonic() + self.deadline_s if until is None else until
         watch = _Watch()
+        timer = threading.Timer(max(end - time.monotonic(), 0.0), watch.fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self._call(method, path, query, body, content_type, end, watch)
+        finally:
+            timer.cancel()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None,
+        body: dict[str, Any] | None,
+        content_type: str,
+        end: float,
+        watch: _Watch,
+    ) -> dict[str, Any]:
+        """:meth:`call`, with ``watch`` fired by the caller's timer at ``end``."""
         with self._lock:
             if self._closed:
                 raise KubeApiError(f"{method} {path}: the API client is closed")
@@ -439,9 +466,6 @@ class KubeClient:
             )
             self._note(error)
             raise error
-        timer = threading.Timer(left, watch.fire)
-        timer.daemon = True
-        timer.start()
         _current.watch = watch
         try:
             answer = self._tries(method, path, query, body, content_type, end, watch)
@@ -450,7 +474,6 @@ class KubeClient:
             raise
         finally:
             _current.watch = None
-            timer.cancel()
             with self._lock:
                 self._watches.discard(watch)
         self.failing = None
