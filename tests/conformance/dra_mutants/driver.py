@@ -90,6 +90,16 @@ def mutant(name: str, case: str, bug: str) -> Callable[[Callable[[Widgets], None
     return register
 
 
+def _patch(owner: Any, name: str, new: Any) -> Any:
+    """Replace ``owner.name`` with ``new``; the old value. A name the kit no longer has stops
+    the mutant at once (a mutant that silently stopped being broken would prove nothing)."""
+    if not hasattr(owner, name):
+        raise SystemExit(f"mutant: {getattr(owner, '__name__', owner)} has no {name} any more")
+    old = getattr(owner, name)
+    setattr(owner, name, new)
+    return old
+
+
 def _service() -> Any:
     import kubedevice.dra.node.service as service
 
@@ -108,16 +118,13 @@ def _server() -> Any:
     "a firstAvailable device answered under 'req/sub', not the claim's request 'req'",
 )
 def _subrequest_names(driver: Widgets) -> None:
-    service = _service()
-    answer = service._answer
-
     def full_names(prepared: Any) -> Any:
         out = answer(prepared)
         for entry, (request, _pool, _device) in zip(out.devices, prepared.devices, strict=True):
             entry.request_names[:] = [request]
         return out
 
-    service._answer = full_names
+    answer = _patch(_service(), "_answer", full_names)
 
 
 @mutant(
@@ -130,7 +137,7 @@ def _reboot_no_spec(driver: Widgets) -> None:
     async def never_rewritten(self: Any, prepared: Any) -> bool:
         return False
 
-    _service().ClaimService._ensure_spec = never_rewritten
+    _patch(_service().ClaimService, "_ensure_spec", never_rewritten)
 
 
 @mutant(
@@ -139,13 +146,10 @@ def _reboot_no_spec(driver: Widgets) -> None:
     "a device prepared for one claim is prepared for an unrelated second claim",
 )
 def _double_prepare(driver: Widgets) -> None:
-    service = _service()
-    check = service.check_claim
-
     def forgetful(claim: Any, **kwargs: Any) -> None:
         check(claim, **{**kwargs, "held": ()})  # does not look at what other claims hold
 
-    service.check_claim = forgetful
+    check = _patch(_service(), "check_claim", forgetful)
 
 
 @mutant(
@@ -154,15 +158,12 @@ def _double_prepare(driver: Widgets) -> None:
     "a claim missing from the API server fails the whole call (an RPC error)",
 )
 def _missing_claim_rpc_error(driver: Widgets) -> None:
-    cls = _service().ClaimService
-    prepare = cls.prepare
-
     async def read_all_first(self: Any, request: Any) -> Any:
         for claim in request.claims:  # `if err != nil { return nil, err }`
             await self.kube.get_claim(claim.namespace, claim.name)
         return await prepare(self, request)
 
-    cls.prepare = read_all_first
+    prepare = _patch(_service().ClaimService, "prepare", read_all_first)
 
 
 @mutant(
@@ -173,8 +174,6 @@ def _missing_claim_rpc_error(driver: Widgets) -> None:
 )
 def _claim_by_name(driver: Widgets) -> None:
     service = _service()
-    cls = service.ClaimService
-    prepare_one = cls._prepare_one
 
     async def by_name(self: Any, raw: Any) -> Any:
         for prepared in self.checkpoint.claims.values():
@@ -182,7 +181,7 @@ def _claim_by_name(driver: Widgets) -> None:
                 return service._answer(prepared)
         return await prepare_one(self, raw)
 
-    cls._prepare_one = by_name
+    prepare_one = _patch(service.ClaimService, "_prepare_one", by_name)
 
 
 @mutant(
@@ -192,7 +191,6 @@ def _claim_by_name(driver: Widgets) -> None:
 )
 def _prepare_not_idempotent(driver: Widgets) -> None:
     cls = _service().ClaimService
-    record = cls._record
 
     async def anew(self: Any, prepared: Any) -> Any:
         return await self._prepare_new(prepared.ref)
@@ -203,8 +201,8 @@ def _prepare_not_idempotent(driver: Widgets) -> None:
         ids = tuple(tuple(f"{i}-{suffix}" for i in group) for group in done.cdi_ids)
         return dataclasses.replace(done, cdi_ids=ids)
 
-    cls._answer_again = anew
-    cls._record = fresh_names
+    _patch(cls, "_answer_again", anew)
+    record = _patch(cls, "_record", fresh_names)
 
 
 @mutant(
@@ -213,8 +211,6 @@ def _prepare_not_idempotent(driver: Widgets) -> None:
     "a second unprepare of a claim it already unprepared is an error",
 )
 def _unprepare_not_idempotent(driver: Widgets) -> None:
-    cls = _service().ClaimService
-    unprepare_one = cls._unprepare_one
     done: set[str] = set()
 
     async def once_only(self: Any, raw: Any) -> str:
@@ -225,7 +221,7 @@ def _unprepare_not_idempotent(driver: Widgets) -> None:
             done.add(raw.uid)
         return error
 
-    cls._unprepare_one = once_only
+    unprepare_one = _patch(_service().ClaimService, "_unprepare_one", once_only)
 
 
 @mutant(
@@ -239,7 +235,7 @@ def _unprepare_leaves_spec(driver: Widgets) -> None:
     def kept(self: Any, claim_uid: str) -> bool:
         return False
 
-    cdi.CdiWriter.remove = kept
+    _patch(cdi.CdiWriter, "remove", kept)
 
 
 @mutant(
@@ -248,17 +244,20 @@ def _unprepare_leaves_spec(driver: Widgets) -> None:
     "the CDI spec names a host device node that does not exist",
 )
 def _missing_device_node(driver: Widgets) -> None:
-    driver.host_node = lambda index: f"/dev/kd-widget-missing{index}"  # type: ignore[method-assign]
+    _patch(driver, "host_node", lambda index: f"/dev/kd-widget-missing{index}")
 
 
 @mutant(
     "cutoff-two-results",
     "deadline-prepare-retry",
-    "a prepare cut off by the kubelet's deadline leaves its half-done CDI spec; the retry "
-    "writes another",
+    "a prepare cut off by the kubelet's deadline stops halfway and leaves the CDI spec it "
+    "had begun; the retry prepares again and writes another",
 )
 def _cutoff_two_results(driver: Widgets) -> None:
-    prepare = driver.prepare
+    async def with_the_call(self: Any, work: Any, what: str) -> Any:
+        return await work  # the call's cancellation cancels the work itself
+
+    _patch(_service().ClaimService, "_to_the_end", with_the_call)
 
     async def staged(claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
         staging = driver.cdi_dir / f"widget-staging-{uuid.uuid4().hex[:8]}.json"
@@ -274,7 +273,7 @@ def _cutoff_two_results(driver: Widgets) -> None:
         staging.unlink()  # only when not cut off
         return out
 
-    driver.prepare = staged  # type: ignore[method-assign]
+    prepare = _patch(driver, "prepare", staged)
 
 
 @mutant(
@@ -285,14 +284,21 @@ def _cutoff_two_results(driver: Widgets) -> None:
 def _slices_rewritten(driver: Widgets) -> None:
     server = _server()
 
-    class Rewriting(server.SlicePublisher):  # type: ignore[name-defined,misc]
+    class Rewriting(server.SlicePublisher):
+        resync_due = False
+
         def _unchanged(self, *args: Any) -> bool:
-            return False
+            return not self.resync_due and bool(super()._unchanged(*args))
+
+        async def reconcile(self, devices: Sequence[dra.Device]) -> None:
+            await super().reconcile(devices)
+            self.resync_due = False
 
         async def run(self) -> None:
             async def resync() -> None:
                 while True:
                     await asyncio.sleep(1.0)
+                    self.resync_due = True  # the slices are replaced, changed or not
                     self._dirty.set()
 
             ticker = asyncio.create_task(resync())
@@ -301,7 +307,7 @@ def _slices_rewritten(driver: Widgets) -> None:
             finally:
                 ticker.cancel()
 
-    server.SlicePublisher = Rewriting
+    _patch(server, "SlicePublisher", Rewriting)
 
 
 @mutant(
@@ -312,11 +318,11 @@ def _slices_rewritten(driver: Widgets) -> None:
 def _slices_not_restored(driver: Widgets) -> None:
     server = _server()
 
-    class Deaf(server.SlicePublisher):  # type: ignore[name-defined,misc]
+    class Deaf(server.SlicePublisher):
         def _on_event(self, kind: str, version: str) -> None:
             pass
 
-    server.SlicePublisher = Deaf
+    _patch(server, "SlicePublisher", Deaf)
 
 
 @mutant(
@@ -327,7 +333,7 @@ def _slices_not_restored(driver: Widgets) -> None:
 def _foreign_node_slice(driver: Widgets) -> None:
     server = _server()
 
-    class Stray(server.SlicePublisher):  # type: ignore[name-defined,misc]
+    class Stray(server.SlicePublisher):
         stray = False
 
         async def reconcile(self, devices: Sequence[dra.Device]) -> None:
@@ -343,7 +349,7 @@ def _foreign_node_slice(driver: Widgets) -> None:
                 self.stray = True
             await super().reconcile(devices)
 
-    server.SlicePublisher = Stray
+    _patch(server, "SlicePublisher", Stray)
 
 
 @mutant(
@@ -359,7 +365,7 @@ def _sockets_left(driver: Widgets) -> None:
         if server is not None:
             await server.stop(grace)
 
-    sockets.UnixGrpcServer.stop = stop_only
+    _patch(sockets.UnixGrpcServer, "stop", stop_only)
 
 
 @mutant("sigterm-ignored", "sigterm-exit", "SIGTERM is caught and logged, and the driver goes on")
@@ -374,7 +380,7 @@ def _sigterm_ignored(driver: Widgets) -> None:
         loop.add_signal_handler(signal.SIGTERM, lambda: log.info("SIGTERM: busy, later"))
         yield
 
-    runner.stop_on_signals = ignored
+    _patch(runner, "stop_on_signals", ignored)
 
 
 @mutant(
@@ -385,7 +391,7 @@ def _sigterm_ignored(driver: Widgets) -> None:
 def _getinfo_wrong_type(driver: Widgets) -> None:
     import kubedevice.dra.node.registration as registration
 
-    registration.DRA_PLUGIN_TYPE = "CSIPlugin"
+    _patch(registration, "DRA_PLUGIN_TYPE", "CSIPlugin")
 
 
 @mutant(
@@ -394,19 +400,17 @@ def _getinfo_wrong_type(driver: Widgets) -> None:
     "supported_versions names only an old service ('1.0.0') the kubelet does not speak",
 )
 def _getinfo_wrong_versions(driver: Widgets) -> None:
-    _server().supported_versions = lambda *, health: ("1.0.0",)
+    _patch(_server(), "supported_versions", lambda *, health: ("1.0.0",))
 
 
 @mutant("health-partial", "health-all-devices", "the health stream leaves out the last device")
 def _health_partial(driver: Widgets) -> None:
     from kubedevice.dra.node.health import HealthService
 
-    update = HealthService.update
-
     async def all_but_last(self: Any, devices: Sequence[dra.Device]) -> None:
         await update(self, list(devices)[:-1])
 
-    HealthService.update = all_but_last  # type: ignore[method-assign]
+    update = _patch(HealthService, "update", all_but_last)
 
 
 # ---- main -------------------------------------------------------------------------------
