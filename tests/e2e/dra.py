@@ -185,6 +185,8 @@ class GpuDra(DraDriver):
         self.nvml_state = root / "nvml-state.json"
         #: While this file is there, the next GPU instance made ends the driver (a crash).
         self.crash_marker = root / "crash-after-create"
+        #: While a FIFO is here, the next GPU instance made waits until it is written to.
+        self.hold_create = root / "hold-create"
         (root / "gpu.yaml").write_text(config)
         super().__init__(
             cluster,
@@ -197,6 +199,7 @@ class GpuDra(DraDriver):
                 "KUBEDEVICE_FAKE_NVML_CONTROL": str(root / "nvml.sock"),
                 "KUBEDEVICE_FAKE_NVML_STATE": str(self.nvml_state),
                 "KUBEDEVICE_FAKE_NVML_CRASH_AFTER_CREATE": str(self.crash_marker),
+                "KUBEDEVICE_FAKE_NVML_HOLD_CREATE": str(self.hold_create),
             },
             kubeconfig,
             kubelet,

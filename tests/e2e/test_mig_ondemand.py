@@ -10,6 +10,7 @@ has destroyed it once the pod is gone.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -19,10 +20,13 @@ from typing import Any
 import pytest
 import yaml
 
-from .cluster import Cluster
+from kubedevice.nvidia.fake.partitions import cap_minors
+
+from .cluster import Cluster, poll_until
 from .dra import (
     POD_TIMEOUT,
     PREPARED,
+    REGISTERED,
     GpuDra,
     allocated,
     claim_pod,
@@ -164,6 +168,107 @@ def test_a_driver_killed_after_making_an_instance_destroys_the_orphan_and_prepar
         assert log_count(drv.log, PREPARED) == 1
         delete_pod(cluster, ns, "p-a")
         _wait_instances(drv, lambda m: not m, "the instance destroyed")
+
+
+def test_a_prepare_cut_off_by_the_kubelets_deadline_is_retried_on_the_same_placement(
+    cluster: Cluster, ns: str, mig_dra: Callable[..., GpuDra]
+) -> None:
+    """NVML takes longer than the kubelet's 45 s deadline for NodePrepareResources: the call is
+    cut off, NVML's thread makes the GPU instance after all, and the kubelet's retry must get
+    the claim's placement (not ``InsufficientResources ... overlaps GPU instance 1``)."""
+    drv = mig_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8 * 26, "8 GPUs x 26 devices", 60)
+    kubelet = cluster.kubelet
+    assert kubelet is not None
+    cut_before = kubelet.log_since_start().count("DeadlineExceeded")
+    os.mkfifo(drv.hold_create)  # the next instance made waits until it is written to
+    with device_class(cluster, IS_MIG) as cls:
+        _mig_claim(cluster, ns, "a", cls, "3g.40gb")
+        started = time.monotonic()
+        cluster.create_pod(ns, claim_pod("p-a", claim="a"))
+        wait_file(drv.log, lambda p: log_count(p, "held until") == 1, POD_TIMEOUT, "NVML held")
+        poll_until(
+            "the kubelet's deadline to cut the prepare off",
+            lambda: kubelet.log_since_start().count("DeadlineExceeded") > cut_before,
+            90,
+        )
+        cut_at = time.monotonic() - started
+        fd = os.open(drv.hold_create, os.O_WRONLY | os.O_NONBLOCK)  # NVML's thread goes on
+        os.write(fd, b"1")
+        os.close(fd)
+        cluster.wait_running(ns, "p-a", POD_TIMEOUT)
+        running_at = time.monotonic() - started
+        [made] = _instances(drv.nvml_state)
+        assert (made["name"], made["placement"]) == ("3g.40gb", [4, 4])
+        assert log_count(drv.log, "overlaps GPU instance") == 0
+        assert log_count(drv.log, PREPARED) == 1
+        delete_pod(cluster, ns, "p-a")
+        _wait_instances(drv, lambda m: not m, "the instance destroyed")
+    print(
+        f"\nMIG on demand: prepare cut off by the kubelet at {cut_at:.1f} s, "
+        f"the pod Running at {running_at:.1f} s"
+    )
+
+
+def test_after_a_reboot_the_pods_mig_device_is_made_again_at_its_placement(
+    cluster: Cluster, ns: str, mig_dra: Callable[..., GpuDra]
+) -> None:
+    """A reboot: the kubelet, the runtime (every container) and the driver stop, the GPUs
+    lose their MIG instances (the fake NVML's state file goes), the CDI dir (a tmpfs) is
+    emptied; all start again, the driver first. The pod runs again, in a new container, with
+    a MIG device at its claim's placement and that device's ``nvidia-caps`` nodes."""
+    drv = mig_dra()
+    wait_slices(cluster, DRIVER, lambda n: len(n) == 8 * 26, "8 GPUs x 26 devices", 60)
+    kubelet = cluster.kubelet
+    assert kubelet is not None
+    with device_class(cluster, IS_MIG) as cls:
+        _mig_claim(cluster, ns, "a", cls, "3g.40gb")
+        run_claim_pod(cluster, ns, claim_pod("p-a", claim="a"))
+        [before] = _instances(drv.nvml_state)
+        cdi = {d["name"] for d in kubelet.created(ns, "p-a", "main").get("cdiDevices")}
+        created = len(kubelet.records())
+        # the reboot
+        kubelet.stop()
+        drv.stop()
+        kubelet.stop_runtime()
+        drv.nvml_state.unlink()  # every MIG instance gone
+        for path in drv.cdi_dir.iterdir():
+            path.unlink()
+        started = time.monotonic()
+        kubelet.start_runtime()
+        registered = log_count(drv.log, REGISTERED)
+        drv.start(wait=False)
+        kubelet.start()
+        cluster.wait_node_ready()
+        drv.wait_registered(registered + 1)
+        poll_until(
+            "the pod's container created again",
+            lambda: any(
+                r.get("pod") == "p-a" and r.get("namespace") == ns
+                for r in kubelet.records()[created:]
+            ),
+            POD_TIMEOUT,
+        )
+        cluster.wait_running(ns, "p-a", POD_TIMEOUT)
+        again = time.monotonic() - started
+        [after] = _instances(drv.nvml_state)
+        assert (after["name"], after["placement"]) == ("3g.40gb", [4, 4])
+        assert after["uuid"] != before["uuid"]
+        # the same CDI device (the kubelet, restarted, may name it twice: its checkpoint's
+        # and the re-prepare's)
+        assert {d["name"] for d in kubelet.created(ns, "p-a", "main").get("cdiDevices")} == cdi
+        gpu_minor = next(g.info.minor for g in drv.nvml.machine.gpus if g.info.uuid == after["gpu"])
+        want = [f"/dev/nvidia-caps/nvidia-cap{m}" for m in cap_minors(gpu_minor, after["gi"], 0)]
+        nodes = [
+            n["path"]
+            for spec in drv.cdi_specs().values()
+            for d in spec["devices"]
+            for n in d["containerEdits"].get("deviceNodes", [])
+        ]
+        assert [n for n in nodes if n.startswith("/dev/nvidia-caps/")] == want
+        delete_pod(cluster, ns, "p-a")
+        _wait_instances(drv, lambda m: not m, "the instance destroyed")
+    print(f"\nMIG on demand: the pod Running again {again:.1f} s after the reboot")
 
 
 def _doc_manifests() -> list[dict[str, Any]]:

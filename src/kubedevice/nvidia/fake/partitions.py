@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import threading
 import uuid as uuidlib
 from collections.abc import Mapping
@@ -43,7 +44,7 @@ from kubedevice.nvidia.backend import (
 )
 from kubedevice.nvidia.fake.migprofiles import engines
 
-__all__ = ["CRASH_ENV", "STATE_ENV", "FakePartitions", "cap_minors", "profiles_for"]
+__all__ = ["CRASH_ENV", "HOLD_ENV", "STATE_ENV", "FakePartitions", "cap_minors", "profiles_for"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,10 @@ STATE_ENV: Final = "KUBEDEVICE_FAKE_NVML_STATE"
 #: as SIGKILL) right after it is made, and the file is removed: a crash between making an
 #: instance and recording it, for tests.
 CRASH_ENV: Final = "KUBEDEVICE_FAKE_NVML_CRASH_AFTER_CREATE"
+#: A path: while a named pipe (FIFO) is there, the next GPU instance made waits until
+#: something is written to it (then it is removed): an NVML call slower than the caller's
+#: deadline, for tests.
+HOLD_ENV: Final = "KUBEDEVICE_FAKE_NVML_HOLD_CREATE"
 _MIB: Final = 1024 * 1024
 
 
@@ -145,6 +150,23 @@ def _crash_if_asked() -> None:
     os._exit(137)
 
 
+def _hold_if_asked() -> None:
+    path = os.environ.get(HOLD_ENV)
+    if not path:
+        return
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return
+    except OSError:
+        return
+    log.warning("fake NVML: creating a GPU instance: held until %s is written", path)
+    with open(path, "rb") as fifo:  # blocks until a writer opens it
+        fifo.read(1)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    log.warning("fake NVML: %s written: the GPU instance is made now", path)
+
+
 class FakePartitions:
     """The GPU instances of a fake machine's GPUs (thread-safe; persisted if ``path``)."""
 
@@ -204,6 +226,7 @@ class FakePartitions:
         gpu = self._gpus[gpu_uuid]
         if not gpu.mig_enabled:
             raise NvmlError("NotSupported", "MIG mode is not enabled", gpu_uuid)
+        _hold_if_asked()
         profiles = {p.id: p for p in profiles_for(gpu)}
         profile = profiles.get(profile_id)
         if profile is None:
