@@ -26,7 +26,12 @@ prepared of them asked for. Unpreparing a claim leaves the GPU as if that claim 
 been prepared: the level of the most recent remaining claim that set one, or ``Default``
 when none is left (the backend is called only when the level changes). What each claim set
 (GPU UUID, level, order) is its devices' ``data`` in the kit's checkpoint, and the
-``restore`` hook rebuilds it at start, so a restarted driver still gives a GPU back.
+``restore`` hook rebuilds it at start, so a restarted driver still gives a GPU back, and
+sets each GPU's level in force again (a reboot sets them to Default).
+
+MIG on demand (:mod:`kubedevice.nvidia.dra.ondemand`, :mod:`kubedevice.nvidia.dra.migs`):
+prepare makes (or adopts) each partition's GPU instance; the ``refresh`` hook makes one a
+reboot destroyed again at its placement, at start and on every answer from the checkpoint.
 """
 
 from __future__ import annotations
