@@ -19,6 +19,7 @@ import click
 
 from kubedevice.conformance import Level, check_plugin, write_junit
 from kubedevice.conformance.dra import DraOptions, check_driver
+from kubedevice.conformance.dra.context import DRA_TIMEOUT_S
 from kubedevice.errors import ConfigError
 from kubedevice.kubeconfig import KUBECONFIG_DEFAULT, KUBECONFIG_HELP
 
@@ -33,8 +34,8 @@ __all__ = ["COMMANDS", "conformance"]
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0.1),
-    default=30.0,
-    show_default=True,
+    default=None,
+    show_default="30 (--dra: 60)",
     help="Upper bound in seconds on every wait (the contract's limits apply when smaller).",
 )
 @click.option("--strict", is_flag=True, help="SHOULD failures fail the run too.")
@@ -100,7 +101,7 @@ __all__ = ["COMMANDS", "conformance"]
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def conformance(
-    timeout: float,
+    timeout: float | None,
     strict: bool,
     junit_path: Path | None,
     log_path: Path | None,
@@ -139,14 +140,14 @@ def conformance(
     click.echo(f"{'driver' if dra else 'plugin'} output: {log_path}")
     try:
         if dra:
-            opts = _dra_options(command, log_path, timeout, **dra_options)
+            opts = _dra_options(command, log_path, timeout or DRA_TIMEOUT_S, **dra_options)
             report = check_driver(opts)
         else:
             # The emulator's lifecycle lines would drown the table; keep its warnings and errors.
             emulator_log = logging.getLogger("kubedevice.kubelet")
             if emulator_log.getEffectiveLevel() == logging.INFO:
                 emulator_log.setLevel(logging.WARNING)
-            report = check_plugin(command, timeout=timeout, log_path=log_path)
+            report = check_plugin(command, timeout=timeout or 30.0, log_path=log_path)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from exc

@@ -64,8 +64,8 @@ DRA_CASES: Final[tuple[Case, ...]] = (
     _c("slices-quiet-list", S, "no LIST in a quiet period (needs --k8s-bin: read from the "
        "API server's audit log)", "API server load: a LIST is the most expensive read"),
     _c("slices-after-wipe", M, "all the node's slices deleted (the kubelet's start-up wipe): "
-       "back within 30 s", "kubelet start-up: deletes the node's ResourceSlices"),
-    _c("slices-after-delete", M, "one slice deleted by someone else: back within 30 s",
+       "back within 45 s", "kubelet start-up: deletes the node's ResourceSlices"),
+    _c("slices-after-delete", M, "one slice deleted by someone else: back within 45 s",
        "controllers and admins delete slices; the driver owns them"),
     _c("slices-back-fast", S, "after the wipe and the deletion, back within 5 s",
        "pods wait for slices"),

@@ -45,6 +45,10 @@ async def prepare(
 ) -> dict[str, Answer] | str:
     """NodePrepareResources of ``claims``: the answers, or the RPC error's text."""
     refs = [c.ref if isinstance(c, KitClaim) else c for c in claims]
+    fresh = [ref[2] for ref in refs if ref[2] not in ctx.learned.before]
+    if fresh:  # what was there before: a driver's static devices are not the claim's
+        there = ctx.cdi.ids()
+        ctx.learned.before.update((uid, there) for uid in fresh)
     try:
         return await ctx.client().prepare(refs, version=version or ctx.learned.version)
     except (aio.AioRpcError, OSError) as exc:
@@ -113,6 +117,12 @@ def cdi_problems(ctx: DraContext, answers: Sequence[Answer]) -> tuple[str, str]:
 def cdi_ids(answers: Sequence[Answer]) -> set[str]:
     """Every CDI ID of ``answers``."""
     return {i for a in answers for d in a.devices for i in d.cdi_ids}
+
+
+def own_ids(ctx: DraContext, claim: KitClaim, answer: Answer) -> set[str]:
+    """The CDI IDs of ``answer`` that were not in the CDI dir before the claim was first
+    prepared: the claim's own (a driver's static devices, as a common spec, outlive it)."""
+    return cdi_ids([answer]) - ctx.learned.before.get(claim.uid, set())
 
 
 async def delete(ctx: DraContext, claim: KitClaim) -> str:

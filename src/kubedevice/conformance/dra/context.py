@@ -55,6 +55,11 @@ TEMPLATES = {
 START_S = 30.0
 FAST_S = 5.0
 SIGTERM_S = 30.0
+#: Slices back after a deletion: the upstream Go helper waits 30 s before it syncs a pool
+#: whose slice was deleted (the kubelet's wipe at unregistration may be under way).
+BACK_S = 45.0
+#: --timeout of a DRA run (the device-plugin kit's is 30 s).
+DRA_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ class DraOptions:
     k8s_bin: Path | None = None
     node_name: str | None = None
     driver_name: str | None = None
-    timeout: float = 30.0
+    timeout: float = DRA_TIMEOUT_S
     quick: bool = False
     claim_config: dict[str, Any] | None = None
     env: tuple[tuple[str, str], ...] = ()
@@ -95,6 +100,8 @@ class Learned:
     idle_cpu: str = ""
     rss: float | None = None
     kept: list[tuple[ClaimRef, Answer]] = field(default_factory=list)
+    #: The CDI IDs in the CDI dir before each claim (by UID) was first prepared.
+    before: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def health(self) -> bool:
@@ -257,6 +264,12 @@ class DraContext:
     def devices(self) -> list[PublishedDevice]:
         """The driver's published devices on the node."""
         return self.slices.devices(self.learned.driver, self.node)
+
+    def why_no_device(self) -> str:
+        """Evidence for a case that found no device to allocate."""
+        if not self.devices():
+            return "no published device (the driver's slices are gone)"
+        return "no free device"
 
     def device_count(self) -> int:
         """How many devices the driver publishes on the node."""

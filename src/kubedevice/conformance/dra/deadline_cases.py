@@ -37,7 +37,7 @@ async def check_deadlines(ctx: DraContext) -> None:
     """Cut-off prepares and unprepares, each retried."""
     d = ctx.fixtures.take(ctx.devices(), 1)
     if not d:
-        ctx.skip(["deadline-prepare-retry", "deadline-unprepare-retry"], "no free device")
+        ctx.skip(["deadline-prepare-retry", "deadline-unprepare-retry"], ctx.why_no_device())
         return
     cuts = _CUTS[::2] if ctx.opts.quick else _CUTS
     prep_s, unprep_s = _median_s(ctx, "prepare"), _median_s(ctx, "unprepare")

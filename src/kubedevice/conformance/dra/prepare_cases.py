@@ -91,7 +91,7 @@ async def _one(ctx: DraContext, case: str, requests: list[Request], good: str) -
 async def _subrequest(ctx: DraContext, devices: list) -> None:  # type: ignore[type-arg]
     d = ctx.fixtures.take(devices, 1)
     if not d:
-        ctx.skip(["prepare-subrequest"], "no free device")
+        ctx.skip(["prepare-subrequest"], ctx.why_no_device())
         return
     await _one(ctx, "prepare-subrequest", [Request("req-0", d[0], sub="second")],
                "allocated req-0/second, answered under req-0")  # fmt: skip
@@ -176,7 +176,7 @@ def _error_problem(answers: dict[str, Answer] | str, uid: str) -> str:
 async def _configs(ctx: DraContext, devices: list) -> None:  # type: ignore[type-arg]
     d = ctx.fixtures.take(devices, 1)
     if not d:
-        ctx.skip(["prepare-foreign-config", "prepare-own-config"], "no free device")
+        ctx.skip(["prepare-foreign-config", "prepare-own-config"], ctx.why_no_device())
         return
     foreign = Request("req-0", d[0], config=((FOREIGN_DRIVER, {"unknown": {"x": 1}}),))
     await _one(ctx, "prepare-foreign-config", [foreign], f"a config for {FOREIGN_DRIVER} ignored")
@@ -191,7 +191,7 @@ async def _configs(ctx: DraContext, devices: list) -> None:  # type: ignore[type
 async def _batch(ctx: DraContext, devices: list, first: KitClaim | None) -> None:  # type: ignore[type-arg]
     free = ctx.fixtures.take(devices, 8)
     if not free:
-        ctx.skip(["prepare-batch"], "no free device")
+        ctx.skip(["prepare-batch"], ctx.why_no_device())
         return
     started = time.monotonic()
     batch = [await c.make(ctx, [Request("req-0", d)]) for d in free]

@@ -79,7 +79,9 @@ async def check_restarts(ctx: DraContext, first: KitClaim | None) -> None:
                   "unprepared after the restart, specs removed")  # fmt: skip
         ctx.fixtures.used.difference_update((r.device.pool, r.device.name) for r in claim.requests)
     else:
-        ctx.skip(["restart-unprepare"], "no second claim could be prepared")
+        ctx.skip(
+            ["restart-unprepare"], f"no second claim could be prepared ({ctx.why_no_device()})"
+        )
     await check_reconnect(ctx)
     await _reboot(ctx, kept)
     await _side_by_side(ctx, kept)

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from kubedevice.conformance.dra.apiserver import DRIVER_USER
-from kubedevice.conformance.dra.context import FAST_S, START_S, DraContext, fmt
+from kubedevice.conformance.dra.context import BACK_S, FAST_S, START_S, DraContext, fmt
 from kubedevice.conformance.dra.kube import RESOURCE, ApiError
 from kubedevice.conformance.report import Outcome
 
@@ -155,7 +155,7 @@ async def check_quiet(ctx: DraContext) -> None:
 
 async def _back(ctx: DraContext, want: int, started: float) -> float | None:
     ok = await ctx.wait(lambda: ctx.pool_complete() and ctx.device_count() == want,
-                        ctx.cap(START_S))  # fmt: skip
+                        ctx.cap(BACK_S))  # fmt: skip
     return time.monotonic() - started if ok else None
 
 
@@ -175,7 +175,7 @@ async def check_slices_back(ctx: DraContext) -> None:
     wipe = await _back(ctx, want, started)
     ctx.check("slices-after-wipe",
               "" if wipe is not None else f"not back to {want} devices within "
-              f"{fmt(ctx.cap(START_S))}", f"{want} devices back in {fmt(wipe or 0)}",
+              f"{fmt(ctx.cap(BACK_S))}", f"{want} devices back in {fmt(wipe or 0)}",
               started)  # fmt: skip
     mine = sorted(ctx.slices.of(driver, node), key=lambda s: s["metadata"]["name"])
     if not mine:
@@ -188,7 +188,7 @@ async def check_slices_back(ctx: DraContext) -> None:
     one = await _back(ctx, want, started)
     ctx.check("slices-after-delete",
               "" if one is not None else f"not back to {want} devices within "
-              f"{fmt(ctx.cap(START_S))}", f"back in {fmt(one or 0)}", started)  # fmt: skip
+              f"{fmt(ctx.cap(BACK_S))}", f"back in {fmt(one or 0)}", started)  # fmt: skip
     slow = [f"{what} {fmt(t)}" for what, t in (("wipe", wipe), ("delete", one))
             if t is not None and t > FAST_S]  # fmt: skip
     if wipe is None or one is None:

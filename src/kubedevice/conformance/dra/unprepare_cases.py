@@ -26,7 +26,7 @@ def unprepare_problem(ctx: DraContext, errors: dict[str, str] | str, claim: KitC
         return f"per-claim error: {errors[claim.uid]}"
     if claim.uid not in errors:
         return f"no answer for claim {claim.uid}"
-    left = sorted(c.cdi_ids([answer]) & ctx.cdi.ids()) if answer else []
+    left = sorted(c.own_ids(ctx, claim, answer) & ctx.cdi.ids()) if answer else []
     return f"CDI devices still there: {left[:3]}" if left else ""
 
 
@@ -39,7 +39,7 @@ async def check_unprepare(ctx: DraContext, first: KitClaim | None) -> KitClaim |
     started = time.monotonic()
     errors = await c.unprepare(ctx, [first])
     ctx.check("unprepare-removes", unprepare_problem(ctx, errors, first, answer),
-              f"{len(c.cdi_ids([answer]))} CDI devices removed", started)  # fmt: skip
+              f"{len(c.own_ids(ctx, first, answer))} CDI devices removed", started)  # fmt: skip
     started = time.monotonic()
     errors = await c.unprepare(ctx, [first])
     ctx.check("unprepare-idempotent", unprepare_problem(ctx, errors, first, None),
@@ -64,7 +64,7 @@ async def check_unprepare(ctx: DraContext, first: KitClaim | None) -> KitClaim |
 async def _deleted(ctx: DraContext) -> None:
     d = ctx.fixtures.take(ctx.devices(), 1)
     if not d:
-        ctx.skip(["unprepare-deleted-claim"], "no free device")
+        ctx.skip(["unprepare-deleted-claim"], ctx.why_no_device())
         return
     started = time.monotonic()
     claim = await c.make(ctx, [Request("req-0", d[0])])
