@@ -228,6 +228,9 @@ async def test_a_stop_waits_for_the_hook_in_flight_and_records_it(
         # well past the gRPC server's old grace of 1 s: still stopping, the lock still held
         assert await _still_waiting(stopping, 1.5), "the stop did not wait for the hook"
         assert not _lock_free(srv.settings.claims_lock)
+        # still registered: the kubelet drops its connections to a driver that unregisters
+        assert srv.settings.registration_socket.exists()
+        assert srv.settings.dra_socket.exists()
         driver.gate.set()
         await asyncio.wait_for(stopping, 10)
         assert (await call).claims[uid].error == ""  # the kubelet got its answer

@@ -3,8 +3,9 @@ slow plain ``def`` (tests/e2e/slow_dra.py: it sleeps 4 s in its thread).
 
 * A rolling upgrade: instance A gets SIGTERM while its hook runs for the kubelet's
   ``NodePrepareResources``, instance B starting beside it. A waits for the hook (its stop
-  grace), records it and answers the kubelet; B takes over with the claim prepared. Never
-  two hooks of one claim at once, nothing made that is not recorded, the pod runs.
+  grace), still registered, records it and answers the kubelet's call; B takes over with
+  the claim prepared. Never two hooks of one claim at once, nothing made that is not
+  recorded, no failed prepare, the pod runs.
 * A pod force-deleted (grace 0): the next pod gets its device at once, and runs within
   seconds instead of after the kubelet's back-off.
 """
@@ -149,6 +150,12 @@ def test_a_sigterm_during_a_slow_prepare_hook_waits_for_it_and_hands_the_claim_o
         print(f"\nSIGTERM -> exit with a hook in flight: {exit_s:.2f} s (hook {a.hook_s:g} s); "
               f"pod created -> Running: {running_s:.2f} s")  # fmt: skip
         assert code == 0
+        failed = [
+            e.message
+            for e in cluster.events(ns, "p")
+            if e.reason == "FailedPrepareDynamicResources"
+        ]
+        assert failed == [], failed  # the kubelet got A's answer to its call
         entered = [e for e in a.journal() if e[0] == "enter-prepare"]
         assert len(entered) == 1, f"the claim was prepared again: {a.journal()}"
         assert _overlaps(a.journal()) == []

@@ -10,12 +10,14 @@ hook; the first device list is awaited, the DRA socket serves (``v1.DRAPlugin``,
 registration socket appears in the kubelet's ``plugins_registry/`` (the kubelet dials the
 DRA socket only after that). inotify on both directories puts a socket back within
 milliseconds when it is removed; the kubelet's re-registration (after its restart)
-republishes the slices. On stop the registration socket goes first, then the DRA socket
-(only this instance's own sockets); slices stay (a restarted driver or the other instance of
-a rolling upgrade adopts them unchanged; the kubelet removes them when no instance of the
-driver stays registered). With a pod UID, an instance whose plugin dir gets another
-instance's DRA socket after its own start (a newer pod of the DaemonSet) holds its slice
-writes while that socket is there and answers: only the newest instance writes them. Both
+republishes the slices. On stop the calls in flight end first (up to the stop grace, still
+registered: the kubelet drops its connections to a driver that unregisters), then the
+registration socket goes, then the DRA socket (only this instance's own sockets); slices
+stay (a restarted driver or the other instance of a rolling upgrade adopts them unchanged;
+the kubelet removes them when no instance of the driver stays registered). With a pod UID,
+an instance whose plugin dir gets another instance's DRA socket after its own start (a
+newer pod of the DaemonSet) holds its slice writes while that socket is there and answers:
+only the newest instance writes them. Both
 serve the health stream (the kubelet opens one per registered instance; both report the same
 devices) and write ``status.devices`` of the claims each prepared, under one field manager,
 with the same content. Devices that are not healthy are tainted by why
@@ -249,9 +251,14 @@ class DriverServer:
         for task in tasks:
             if task not in last:
                 task.cancel()
+        until = asyncio.get_running_loop().time() + self.settings.stop_grace
+        if self.claims is not None and self.claims.inflight.tasks:
+            # the calls in flight end first, the driver still registered: the kubelet drops
+            # its connection to a driver that unregisters, and their answers with it
+            await self.claims.inflight.drain(self.settings.stop_grace)
         await self._reg.stop()
         await self.health.close()
-        await self._stop_calls()
+        await self._stop_calls(until)
         for task in last:
             task.cancel()
         if tasks:
@@ -267,16 +274,15 @@ class DriverServer:
             self.pod_lock.release()
         self.lock.release()
 
-    async def _stop_calls(self) -> None:
+    async def _stop_calls(self, until: float) -> None:
         """Stop serving the DRA socket; the prepare and unprepare calls in flight (their
-        hooks, also those of calls cut off before) get up to the stop grace to end and be
-        recorded. Past it, the node's claims lock stays held until this process ends, so
-        no other instance meets a claim whose hook may still run here (the next to take
-        the lock undoes what was left half done)."""
+        hooks, also those of calls cut off before) get until ``until`` (the stop grace) to
+        end and be recorded. Past it, the node's claims lock stays held until this process
+        ends, so no other instance meets a claim whose hook may still run here (the next to
+        take the lock undoes what was left half done)."""
         loop = asyncio.get_running_loop()
         grace = self.settings.stop_grace
-        until = loop.time() + grace
-        await self._dra.stop(grace=grace)
+        await self._dra.stop(grace=max(until - loop.time(), 0))
         if self.claims is None:
             return
         left = await self.claims.inflight.drain(until - loop.time())
