@@ -207,3 +207,23 @@ async def test_the_service_account_of_a_pod(
     (tmp_path / "ca.crt").unlink()
     with pytest.raises(ConfigError, match=r"the service account.s CA .* does not exist"):
         read_credentials(None)
+
+
+async def test_the_certificate_is_checked_against_tls_server_name(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The server's certificate names 127.0.0.1, localhost and kubernetes (not example.com):
+    with ``tls-server-name`` it is checked against that name, not the URL's host."""
+    server, ca, token = _admin(kubeconfig)
+    cluster = {"server": server, "certificate-authority": str(ca)}
+    named = {**cluster, "tls-server-name": "kubernetes"}
+    await _nodes_ok(KubeClient.connect(_kubeconfig(tmp_path / "a", named, {"token": token})))
+    wrong = {**cluster, "tls-server-name": "example.com"}
+    client = KubeClient.connect(_kubeconfig(tmp_path / "b", wrong, {"token": token}))
+    try:
+        with pytest.raises(KubeApiError, match=r"example\.com"):
+            await client._async("GET", "/api/v1/nodes")
+    finally:
+        client.close()
+    insecure = {"server": server, "insecure-skip-tls-verify": True, "tls-server-name": "x.y"}
+    await _nodes_ok(KubeClient.connect(_kubeconfig(tmp_path / "c", insecure, {"token": token})))

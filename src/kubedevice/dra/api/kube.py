@@ -34,6 +34,14 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from kubedevice.dra.api.credentials import ClientEndpoint, Endpoint, OwnEndpoint, read_credentials
+from kubedevice.dra.api.http import (
+    MAX_BODY,
+    Connections,
+    NotConnected,
+    json_answer,
+    read_body,
+    reason,
+)
 from kubedevice.errors import KubeApiError
 from kubedevice.kubeconfig import resolve_kubeconfig
 
@@ -52,8 +60,6 @@ WATCH_TIMEOUT_S: Final = 1800
 #: Tries of a call whose connection could not be made (nothing was sent).
 _TRIES: Final = 3
 _CONNECT_S: Final = 10.0
-#: The most of an answer read (a ResourceSlice of 128 devices is far smaller).
-_MAX_BODY: Final = 64 * 1024 * 1024
 
 _T = TypeVar("_T")
 
@@ -160,6 +166,10 @@ class KubeClient:
             ),
         }
         self._manager = manager
+        #: The calls' own connections, where this client reads the credentials itself.
+        self._connections = (
+            Connections(endpoint.credentials) if isinstance(endpoint, OwnEndpoint) else None
+        )
 
     @classmethod
     def connect(
@@ -187,6 +197,8 @@ class KubeClient:
         for watch in watches:
             watch.fire()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._connections is not None:
+            self._connections.close()
         self._endpoint.close()
 
     # ---- the calls -----------------------------------------------------------------
@@ -316,7 +328,7 @@ class KubeClient:
             status = int(response.status)
             if not 200 <= status <= 299:
                 error = KubeApiError(
-                    f"watch {path}: {status} {_reason(response.read(65536))}", status=status
+                    f"watch {path}: {status} {reason(response.read(65536))}", status=status
                 )
                 self._note(error)
                 raise error
@@ -324,8 +336,8 @@ class KubeClient:
             buffer = b""
             while chunk := response.read1(65536):
                 buffer += chunk
-                if len(buffer) > _MAX_BODY:
-                    raise KubeApiError(f"watch {path}: an event over {_MAX_BODY} bytes")
+                if len(buffer) > MAX_BODY:
+                    raise KubeApiError(f"watch {path}: an event over {MAX_BODY} bytes")
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if not line.strip():
@@ -501,7 +513,7 @@ class KubeClient:
         for attempt in range(_TRIES):
             try:
                 return self._once(method, path, query, body, content_type, end)
-            except urllib3.exceptions.NewConnectionError as exc:
+            except (urllib3.exceptions.NewConnectionError, NotConnected) as exc:
                 left = end - time.monotonic()
                 if watch.fired or attempt == _TRIES - 1 or left < 0.5:
                     raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
@@ -527,14 +539,20 @@ class KubeClient:
         content_type: str,
         end: float,
     ) -> dict[str, Any]:
-        import urllib3
-
         url, headers = self._endpoint.request(path, query or [], content_type)
         left = max(end - time.monotonic(), 0.01)
+        what = f"{method} {path}"
+        raw = None if body is None else json.dumps(body).encode()
+        if self._connections is not None:  # what the client reads itself: http.client
+            return self._connections.call(
+                what, url, raw, headers, connect_s=min(_CONNECT_S, left), end=end, on=_register
+            )
+        import urllib3
+
         response = self._manager.request(
             method,
             url,
-            body=None if body is None else json.dumps(body),
+            body=raw,
             headers=headers,
             timeout=urllib3.Timeout(connect=min(_CONNECT_S, left), read=left),
             retries=False,
@@ -542,31 +560,13 @@ class KubeClient:
             preload_content=False,
         )
         try:
-            chunks: list[bytes] = []
-            size = 0
-            while chunk := response.read(65536):
-                size += len(chunk)
-                if size > _MAX_BODY:
-                    raise KubeApiError(f"{method} {path}: the answer is over {_MAX_BODY} bytes")
-                if time.monotonic() > end:
-                    raise TimeoutError("the deadline passed")
-                chunks.append(chunk)
-            data = b"".join(chunks)
+            data = read_body(response, what, end)
         except BaseException:
             response.close()  # a half-read answer: the connection is never used again
             raise
         finally:
             response.release_conn()
-        status = int(response.status)
-        if not 200 <= status <= 299:
-            raise KubeApiError(f"{method} {path}: {status} {_reason(data)}", status=status)
-        try:
-            decoded = json.loads(data) if data else {}
-        except ValueError as exc:
-            raise KubeApiError(f"{method} {path}: the answer is not JSON: {exc}") from None
-        if not isinstance(decoded, dict):
-            raise KubeApiError(f"{method} {path}: the answer is not a JSON object")
-        return decoded
+        return json_answer(what, int(response.status), data)
 
 
 def _unusable(status: int) -> bool:
@@ -577,12 +577,3 @@ def _unusable(status: int) -> bool:
 
 def _what(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _reason(data: bytes | None) -> str:
-    """The API server's ``Status.message`` of an error answer, else its start."""
-    try:
-        status = json.loads(data or b"")
-        return str(status["message"])
-    except (TypeError, ValueError, KeyError):
-        return (data or b"").decode("utf-8", "replace")[:200]
