@@ -521,7 +521,9 @@ class KubeClient:
             except KubeApiError:
                 raise
             except Exception as exc:  # urllib3/ssl/socket/auth errors
-                if watch.fired:
+                # the deadline shut the socket, or a socket timeout (set to what was left)
+                # ran out a hair before it fired: either way, the deadline
+                if watch.fired or time.monotonic() >= end - 0.01:
                     break
                 raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
         raise KubeApiError(
