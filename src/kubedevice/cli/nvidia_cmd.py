@@ -194,6 +194,12 @@ def run_command(
     help="Share whole GPUs by memory: claims ask for capacity.requests.memory "
     "(dra.memoryShares.enabled; accounted by the scheduler, not enforced).",
 )
+@click.option(
+    "--mps",
+    is_flag=True,
+    help="Enforce memory shares with MPS: a control daemon per shared GPU, each share its "
+    "client, limited to its memory and compute (dra.mps; turns --memory-shares on).",
+)
 @PRINT_DEVICE_CLASSES
 @metrics_address_option()
 def dra_command(
@@ -216,6 +222,7 @@ def dra_command(
     host_driver_root: str | None,
     mig_on_demand: bool,
     memory_shares: bool,
+    mps: bool,
     print_device_classes: bool,
     metrics_address: str | None,
 ) -> None:
@@ -244,6 +251,8 @@ def dra_command(
             config = replace(config, dra=replace(config.dra, mig_on_demand=True))
         if memory_shares:
             config = config.with_memory_shares()
+        if mps:
+            config = config.with_mps()
         return config
 
     if cleanup and not print_device_classes:  # the driver's name, and where its specs are
@@ -288,6 +297,7 @@ def dra_command(
         config,
         backend,
         wait_timeout_ms=60_000 if nvml.strip().startswith("fake:") else 5_000,
+        mps_root=kubelet_dir.absolute() / "plugins" / driver_name / "mps",
     )
     # without --cdi-dir, the config's flags.cdiDir (as for ``nvidia run``)
     cdi = Path(config.flags.cdi_dir)

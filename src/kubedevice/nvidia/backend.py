@@ -38,6 +38,7 @@ __all__ = [
     "MigPartitioning",
     "MigPlacement",
     "MigProfileInfo",
+    "MpsControlProgram",
     "NvmlBackend",
     "P2PLevel",
     "ProcessSample",
@@ -344,6 +345,18 @@ class TimeSliceControl(Protocol):
         Raises:
             NvmlError: the GPU does not answer or refuses.
         """
+        ...
+
+
+@runtime_checkable
+class MpsControlProgram(Protocol):
+    """A backend that brings its own MPS control program (the fake's stand-in).
+
+    A real machine's is ``nvidia-cuda-mps-control`` in the driver root.
+    """
+
+    def mps_control_command(self) -> list[str]:
+        """The command line of the MPS control program, before its arguments."""
         ...
 
 

@@ -286,6 +286,10 @@ class DraConfig(Model):
     mig_on_demand: bool = False
     #: Whole GPUs shared by memory (consumable capacity): see :class:`MemoryShares`.
     memory_shares: MemoryShares = field(default_factory=MemoryShares)
+    #: Memory shares enforced by MPS: a control daemon per GPU with shares, each share's
+    #: processes its clients, limited to the memory (and ``compute``) the scheduler
+    #: counted (``--mps``; turns ``memoryShares`` on).
+    mps: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,6 +306,11 @@ class Config(Model):
         """A copy with ``dra.memoryShares.enabled`` on (``--memory-shares``)."""
         shares = replace(self.dra.memory_shares, enabled=True)
         return replace(self, dra=replace(self.dra, memory_shares=shares))
+
+    def with_mps(self) -> Config:
+        """A copy with ``dra.mps`` and ``dra.memoryShares.enabled`` on (``--mps``)."""
+        shared = self.with_memory_shares()
+        return replace(shared, dra=replace(shared.dra, mps=True))
 
     def with_overrides(self, **flags: str | None) -> Config:
         """A copy with the given flags replaced (CLI options; ``None`` values are ignored).

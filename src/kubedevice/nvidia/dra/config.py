@@ -11,8 +11,9 @@ The shape follows NVIDIA's DRA driver, so a claim written for it is read the sam
         interval: Long                        # Default, Short, Medium or Long
 
 Only the settings the NVML backend can apply are accepted: time-slicing and its interval
-(MPS needs a control daemon per GPU, which this driver does not run: refused with that
-reason). Every error names the field (``sharing.timeSlicingConfig.interval``).
+(MPS is not chosen per claim: with ``dra.mps`` every memory share is an MPS client;
+``strategy: MPS`` is refused with that reason). Every error names the field
+(``sharing.timeSlicingConfig.interval``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class GpuSharing(Model):
     def check(self) -> None:
         if self.strategy == "MPS":
             raise ValueError(
-                "strategy: 'MPS' is not supported by this driver (it runs no MPS control "
-                "daemon); use 'TimeSlicing'"
+                "strategy: 'MPS' is not set per claim by this driver: run it with dra.mps "
+                "(--mps) and every memory share is an MPS client; use 'TimeSlicing' here"
             )
         if self.mps_config is not None:
             raise ValueError("mpsConfig: only allowed with strategy 'MPS'")

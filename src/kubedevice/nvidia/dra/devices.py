@@ -18,6 +18,8 @@ selects the same GPUs once the driver name matches:
   GPU belongs to, named by its lowest NVML index; absent without NVLink);
 * capacity ``memory`` (bytes); with ``dra.memoryShares`` a whole GPU allows
   multiple allocations and its ``memory`` has a request policy (:func:`memory_policy`);
+  with ``dra.mps`` also ``compute`` (100, percent of the SMs; see
+  :mod:`kubedevice.nvidia.dra.mps`);
   MIG devices also NVIDIA's ``multiprocessors``,
   ``copyEngines``, ``decoders``, ``encoders``, ``jpegEngines``, ``ofaEngines`` and
   ``memorySlice<i>`` (1 for each memory slice the GPU instance spans), from NVML's GPU
@@ -50,6 +52,7 @@ from kubedevice.nvidia.backend import (
 )
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import GpuUnit, build_inventory
+from kubedevice.nvidia.dra.mps import COMPUTE, COMPUTE_POLICY
 from kubedevice.nvidia.topology import Topology
 from kubedevice.plugin.pci import (
     NUMA_NODE_ATTRIBUTE,
@@ -347,13 +350,19 @@ def build_devices(
             fit(attrs, capacity)
         shares = config.dra.memory_shares
         policy = memory_policy(unit.memory, shares.step_bytes) if shares.enabled else None
+        policies: dict[str, RequestPolicy] = {}
+        if policy is not None and m is None:
+            policies["memory"] = policy
+            if config.dra.mps:  # SMs too: percent, counted by the scheduler like memory
+                capacity[COMPUTE] = 100
+                policies[COMPUTE] = COMPUTE_POLICY
         device = Device(
             name=name[:63].rstrip("-"),
             attributes=attrs,
             capacity=capacity,
             edits=_edits(unit),
-            allow_multiple_allocations=policy is not None and m is None,
-            request_policies={"memory": policy} if policy is not None and m is None else {},
+            allow_multiple_allocations=bool(policies),
+            request_policies=policies,
         )
         out.append(GpuDevice(device=device, unit=unit, gpu=gpu, mig=m))
     return out

@@ -19,7 +19,10 @@ each claim is given a share of its ``memory``; the scheduler adds the shares up.
 prepare tells the container the claim's share of each GPU in bytes (a claim's shares of
 one GPU added up), in ``KUBEDEVICE_GPU_MEMORY_LIMIT_<GPU UUID>`` (``-`` as ``_``) and, when
 the claim's shares are all of one GPU, ``KUBEDEVICE_GPU_MEMORY_LIMIT`` too. Without MPS
-nothing enforces it: the workload is advised, the scheduler accounts.
+nothing enforces it: the workload is advised, the scheduler accounts. With ``dra.mps`` it
+is enforced: each share is a client of its GPU's MPS control daemon, limited to what the
+scheduler counted (:mod:`kubedevice.nvidia.dra.mps`); a daemon that died and was started
+again makes its GPU Unhealthy (``<driver>/mps-daemon``) until its earlier shares are gone.
 
 Time slices of claims that share a GPU: the level in force is the one the most recently
 prepared of them asked for. Unpreparing a claim leaves the GPU as if that claim had never
@@ -39,10 +42,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import subprocess
 from collections.abc import AsyncIterator, Mapping, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Final
 
 from kubedevice.dra import (
@@ -52,23 +53,25 @@ from kubedevice.dra import (
     Device,
     DeviceNode,
     Driver,
+    Fault,
     Health,
     Mount,
     PreparedDevice,
 )
 from kubedevice.dra.model.types import AllocatedDevice, Claim, PreparedClaim
 from kubedevice.errors import ConfigError, NvmlError
-from kubedevice.nvidia.backend import MigPartitioning, NvmlBackend, TimeSliceControl
+from kubedevice.nvidia.backend import MigPartitioning, NvmlBackend
 from kubedevice.nvidia.cdi import DriverFile, find_driver_files
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.devices import CONTROL_NODES, read_numa_node
-from kubedevice.nvidia.dra import ondemand
+from kubedevice.nvidia.dra import mps, ondemand, timeslice
 from kubedevice.nvidia.dra.config import TIME_SLICE_LEVELS, effective_config
 from kubedevice.nvidia.dra.devices import GpuDevice, Partition, build_devices
 from kubedevice.nvidia.dra.faults import fault_of
 from kubedevice.nvidia.dra.migs import MigInstances, caps_of
 from kubedevice.nvidia.dra.shares import MEMORY_LIMIT_ENV, share_env
 from kubedevice.nvidia.health import HealthMonitor, HealthState
+from kubedevice.nvidia.mps import MpsDaemons
 from kubedevice.nvidia.runner import Hardware, enumerate_hardware
 from kubedevice.nvidia.topology import build_topology
 
@@ -78,6 +81,7 @@ log = logging.getLogger(__name__)
 
 #: The driver name ``kubedevice nvidia dra`` publishes under (``--driver-name`` changes it).
 DEFAULT_DRIVER_NAME: Final = "gpu.kubedevice.io"
+_PLUGINS: Final = "/var/lib/kubelet/plugins"
 _CONTROL: Final = frozenset(f"/dev/{n}" for n in CONTROL_NODES)
 
 
@@ -89,12 +93,19 @@ class GpuDraDriver(Driver):
             overrides applied.
         backend: The NVML backend, not yet initialised (the driver starts and stops it).
         wait_timeout_ms: Longest single NVML event wait (see :class:`HealthMonitor`).
+        mps_root: With ``dra.mps``: where each GPU's MPS pipe and log directories go (on
+            the host; ``<kubelet dir>/plugins/<driver>/mps``).
     """
 
     driver_name: ClassVar[str] = DEFAULT_DRIVER_NAME
 
     def __init__(
-        self, config: Config, backend: NvmlBackend, *, wait_timeout_ms: int = 1000
+        self,
+        config: Config,
+        backend: NvmlBackend,
+        *,
+        wait_timeout_ms: int = 1000,
+        mps_root: Path | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -114,6 +125,9 @@ class GpuDraDriver(Driver):
         #: MIG on demand: the instances made for claims (None: the backend cannot make any).
         self.migs = MigInstances(backend) if isinstance(backend, MigPartitioning) else None
         self._restored = False  # restore() ran once (the time slices are set again)
+        #: ``dra.mps``: the MPS control daemons (set up by :meth:`open`).
+        self.mps: MpsDaemons | None = None
+        self._mps_root = mps_root or Path(_PLUGINS, self.driver_name, "mps")
 
     # ------------------------------------------------------------------ devices
 
@@ -159,6 +173,9 @@ class GpuDraDriver(Driver):
             self._driver_files = find_driver_files(
                 flags.nvidia_driver_root, hw.driver.driver_version
             )
+        if self.config.dra.mps and self.mps is None:
+            command = mps.control_command(self.backend, flags.nvidia_driver_root)
+            self.mps = MpsDaemons(self._mps_root, command, on_change=self._changed.set)
         return devices
 
     def _on_demand(self, devices: list[GpuDevice], topology: Any) -> list[GpuDevice]:
@@ -202,12 +219,16 @@ class GpuDraDriver(Driver):
     def _snapshot(self) -> list[Device]:
         out = []
         faults = self.health.faults() if self.health is not None else {}
+        broken = self.mps.faults() if self.mps is not None else {}
         for gd in self._by_name.values():
             fault = faults.get(gd.unit.uuid)
-            if fault is None:
-                out.append(gd.with_health(Health.HEALTHY))
-            else:
+            if fault is not None:
                 out.append(gd.with_health(Health.UNHEALTHY, fault_of(*fault)))
+            elif gd.unit.uuid in broken:
+                why = Fault("mps-daemon", "restarted", broken[gd.unit.uuid])
+                out.append(gd.with_health(Health.UNHEALTHY, why))
+            else:
+                out.append(gd.with_health(Health.HEALTHY))
         return out
 
     async def devices(self) -> AsyncIterator[Sequence[Device]]:
@@ -240,6 +261,8 @@ class GpuDraDriver(Driver):
         finally:
             if monitor is not None:
                 await monitor.stop()
+            if self.mps is not None:  # the daemons keep running: claims still hold them
+                await self.mps.close()
             await asyncio.to_thread(self.backend.shutdown)
 
     # ------------------------------------------------------------------ prepare
@@ -292,26 +315,8 @@ class GpuDraDriver(Driver):
         return ContainerEdits(device_nodes=own + control, mounts=mounts)
 
     def _set_time_slice(self, uuid: str, level: int) -> None:
-        """Set a GPU's time-slice level through the backend, or nvidia-smi (blocking)."""
-        if isinstance(self.backend, TimeSliceControl):
-            self.backend.set_time_slice(uuid, level)
-            return
-        smi = _find_tool(self.config.flags.nvidia_driver_root, "nvidia-smi")
-        if smi is None:
-            raise NvmlError("NotSupported", "no nvidia-smi in the driver root to set it", uuid)
-        try:
-            proc = subprocess.run(
-                [smi, "compute-policy", "-i", uuid, f"--set-timeslice={level}"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise NvmlError("Unknown", f"nvidia-smi failed: {exc}", uuid) from exc
-        if proc.returncode != 0:
-            text = (proc.stderr or proc.stdout).strip().splitlines()
-            raise NvmlError("Unknown", f"nvidia-smi: {text[-1] if text else proc.returncode}", uuid)
+        """Set a GPU's time-slice level (blocking; see :func:`timeslice.set_time_slice`)."""
+        timeslice.set_time_slice(self.backend, self.config.flags.nvidia_driver_root, uuid, level)
 
     async def prepare(self, claim: Claim) -> Sequence[PreparedDevice]:
         """Check every device and config of ``claim``, apply the configs, give the edits.
@@ -321,6 +326,27 @@ class GpuDraDriver(Driver):
         claim set on the others is given back and the claim fails.
         """
         plan = self._check(claim)
+        uid = claim.ref.uid
+        gpu = await self._hold_mps(claim, [gd for gd, _ in plan])
+        try:
+            return await self._prepare(claim, plan, gpu)
+        except BaseException:
+            if gpu is not None and self.mps is not None:
+                await self.mps.release(gpu, uid)
+            raise
+
+    async def _hold_mps(self, claim: Claim, devices: Sequence[GpuDevice]) -> str | None:
+        """``dra.mps``: start (or join) the daemon of the GPU the claim has shares of."""
+        if self.mps is None:
+            return None
+        wholes = [
+            gd.gpu.uuid if gd.mig is None and gd.partition is None else None for gd in devices
+        ]
+        return await mps.hold(self.mps, claim, wholes)
+
+    async def _prepare(
+        self, claim: Claim, plan: list[tuple[GpuDevice, int | None]], gpu: str | None
+    ) -> Sequence[PreparedDevice]:
         uid = claim.ref.uid
         made = await self._make_mig_devices(claim, [gd for gd, _ in plan])
         data: list[dict[str, Any]] = []
@@ -354,8 +380,13 @@ class GpuDraDriver(Driver):
             if mig is not None:
                 record = {**record, "mig": mig.to_json()}
             edits = self._edits(gd, i == 0, caps)
+            mounts = list(edits.mounts)
+            if gpu is not None and gpu == gd.gpu.uuid and env and self.mps is not None:
+                record = {**record, "mps": True}
+                env, more = mps.claim_edits(self.mps, claim, [gd.gpu.uuid for gd, _ in plan], env)
+                mounts += more
             if env:
-                edits = ContainerEdits(env, edits.device_nodes, edits.mounts)
+                edits = ContainerEdits(env, edits.device_nodes, mounts)
             prepared.append(PreparedDevice(allocated, edits, data=record))
         return prepared
 
@@ -404,6 +435,13 @@ class GpuDraDriver(Driver):
             await self._release(claim.ref.uid)
             if claim.devices and not any(claim.data):
                 await self._settle_unrecorded(claim)
+        if self.mps is not None:
+            gpus = mps.held_gpus(claim)
+            if claim.devices and not any(claim.data):  # a prepare cut short: what it may hold
+                known = await self._known()
+                gpus = sorted({gd.gpu.uuid for *_, n in claim.devices if (gd := known.get(n))})
+            for gpu in gpus:
+                await self.mps.release(gpu, claim.ref.uid)
 
     async def _settle_unrecorded(self, claim: PreparedClaim) -> None:
         """A prepare cut short (the driver killed, or the caller's deadline, in :meth:`prepare`)
@@ -450,6 +488,10 @@ class GpuDraDriver(Driver):
             known = await self._known()
             gpus = sorted({gd.gpu.uuid for gd in known.values() if gd.partition is not None})
             await self.migs.restore(claims, gpus)
+        if self.config.dra.mps:
+            await self._known()  # NVML started, the daemons' supervisor made
+            if self.mps is not None:  # adopt the daemons the claims hold, stop the others
+                await self.mps.adopt(mps.holders(claims))
 
     async def refresh(self, claim: PreparedClaim) -> Sequence[PreparedDevice | None] | None:
         """Make what the claim's checkpoint entry says exists true again (a reboot): each
@@ -561,11 +603,3 @@ def _in_force(by_claim: Mapping[str, tuple[int, int]]) -> int:
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _find_tool(driver_root: str, name: str) -> str | None:
-    for rel in ("usr/bin", "usr/local/bin", "bin"):
-        path = os.path.join(driver_root, rel, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None

@@ -30,6 +30,7 @@ import logging
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -350,6 +351,11 @@ class FakeNvml:
             raise NvmlError("InvalidArgument", f"time-slice level {level} is not 0-3", uuid)
         self._gpu(uuid)
         self.partitions.set_time_slice(uuid, level)
+
+    def mps_control_command(self) -> list[str]:
+        """The fake's MPS control daemon stand-in (:mod:`kubedevice.nvidia.fake.mps`)."""
+        # the file itself, without site: it imports only the standard library (starts in ms)
+        return [sys.executable, "-S", str(Path(__file__).with_name("mps.py"))]
 
     def time_slice(self, uuid: str) -> int:
         """A GPU's time-slice level (0 until set)."""

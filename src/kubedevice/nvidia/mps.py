@@ -1,0 +1,443 @@
+"""MPS control daemons, one per GPU, supervised by the driver that hands out the GPU's shares.
+
+Shared by the DRA driver (``dra.mps``: a daemon from a GPU's first prepared share to its
+last unprepare) and the device plugin (``sharing.mps``: a daemon per GPU of a shared
+resource while the plugin serves it).
+
+A daemon is started as NVIDIA documents it: ``nvidia-cuda-mps-control -d`` with
+``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` (``<root>/<key>/pipe`` and
+``.../log``, the key a digest of the GPU UUID, named in ``<root>/<key>/gpu-uuid``) and
+``CUDA_VISIBLE_DEVICES=<GPU UUID>``, so it serves that GPU alone; its pid is read from
+the ``nvidia-cuda-mps-control.pid`` it writes in its pipe directory. It is
+stopped with ``quit`` on its control program's stdin (``echo quit | nvidia-cuda-mps-control``
+with the same pipe directory), SIGKILL if it has not gone after ``stop_timeout``.
+
+While a daemon runs, its process is watched (a pidfd on the event loop): one that dies while
+holders remain is started again at once and the GPU is reported broken
+(:meth:`MpsDaemons.faults`) until every holder of that time has let go, since their
+processes lost their MPS server. A new supervisor (the driver restarted) adopts the
+daemons it finds running (pid file, a live process whose command line is the control
+program's, not a zombie) for the GPUs still held, and stops the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+from kubedevice.errors import KubeDeviceError
+
+__all__ = [
+    "ACTIVE_THREAD_ENV",
+    "PID_FILE",
+    "PINNED_MEMORY_ENV",
+    "PIPE_ENV",
+    "MpsDaemons",
+    "MpsError",
+    "MpsPaths",
+    "client_env",
+    "pinned_limit",
+]
+
+log = logging.getLogger(__name__)
+
+PIPE_ENV: Final = "CUDA_MPS_PIPE_DIRECTORY"
+LOG_ENV: Final = "CUDA_MPS_LOG_DIRECTORY"
+PINNED_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ACTIVE_THREAD_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+#: What the control daemon writes in its pipe directory.
+PID_FILE: Final = "nvidia-cuda-mps-control.pid"
+#: Where a client container finds the pipe directory (mounted from the host's).
+CONTAINER_PIPE_DIR: Final = "/run/nvidia-mps"
+_MIB: Final = 1 << 20
+
+
+class MpsError(KubeDeviceError):
+    """An MPS control daemon could not be started or stopped."""
+
+
+@dataclass(frozen=True, slots=True)
+class MpsPaths:
+    """A GPU's daemon directories on the host."""
+
+    pipe: Path
+    log: Path
+
+
+def pinned_limit(size: int) -> str:
+    """``size`` bytes as MPS takes a pinned memory limit: whole MiB (``20480M``).
+
+    Shares are whole MiB (their step is ``Mi`` or ``Gi``), so this is exact for them; a
+    size that is not is rounded down (a limit never above what was given).
+    """
+    return f"{size // _MIB}M"
+
+
+def client_env(paths: MpsPaths, memory: int | None, percent: int | None) -> dict[str, str]:
+    """The env of a container whose processes are clients of ``paths``' daemon.
+
+    The daemon serves one GPU, which its clients see as device ``0``: the memory limit is
+    ``0=<MiB>M``; the thread percentage is left out when ``percent`` is ``None`` (all SMs).
+    """
+    env = {PIPE_ENV: CONTAINER_PIPE_DIR}
+    if memory is not None:
+        env[PINNED_MEMORY_ENV] = f"0={pinned_limit(memory)}"
+    if percent is not None:
+        env[ACTIVE_THREAD_ENV] = str(percent)
+    return env
+
+
+_UUID_FILE: Final = "gpu-uuid"
+
+
+def _key(uuid: str) -> str:
+    return hashlib.sha256(uuid.encode()).hexdigest()[:12]
+
+
+def _alive(pid: int, name: str) -> bool:
+    """Whether ``pid`` is a live (not zombie) process whose command line names ``name``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[:1]
+    return state != ["Z"] and name.encode() in cmdline
+
+
+def _read_pid(pipe: Path) -> int | None:
+    try:
+        pid = int((pipe / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
+@dataclass
+class _Daemon:
+    pid: int
+    pidfd: int | None
+    started: float  # time.monotonic()
+
+
+class MpsDaemons:
+    """The MPS control daemons of one driver, by GPU UUID.
+
+    Args:
+        root: Where each GPU's ``pipe`` and ``log`` directories go (on the host).
+        command: The control program (``[".../nvidia-cuda-mps-control"]``).
+        on_change: Called (on the loop) when a GPU turns broken or whole again.
+        setup: Control commands sent to a GPU's daemon once it runs
+            (``set_default_active_thread_percentage 25`` ...), by UUID.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        command: Sequence[str],
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        setup: Callable[[str], Sequence[str]] = lambda _uuid: (),
+        start_timeout: float = 10.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        self.root = root
+        self.command = list(command)
+        self._name = Path(self.command[-1]).name
+        self._on_change = on_change
+        self._setup = setup
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._daemons: dict[str, _Daemon] = {}
+        self._holders: dict[str, set[str]] = {}
+        self._broken: dict[str, tuple[set[str], str]] = {}  # holders then, message
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.restarts = 0
+
+    # ------------------------------------------------------------------ queries
+
+    def paths(self, uuid: str) -> MpsPaths:
+        """The GPU's pipe and log directories (on the host): ``<root>/<key>/pipe`` and
+        ``.../log``, the key a short digest of the UUID (Unix socket paths are short)."""
+        base = self.root / _key(uuid)
+        return MpsPaths(base / "pipe", base / "log")
+
+    def pid(self, uuid: str) -> int | None:
+        """The pid of the GPU's daemon, ``None`` when none runs for it."""
+        daemon = self._daemons.get(uuid)
+        return None if daemon is None else daemon.pid
+
+    def holders(self, uuid: str) -> frozenset[str]:
+        """Who holds the GPU's daemon now."""
+        return frozenset(self._holders.get(uuid, ()))
+
+    def faults(self) -> dict[str, str]:
+        """GPU UUID -> why its clients lost their MPS server (a daemon that died)."""
+        return {uuid: message for uuid, (_, message) in self._broken.items()}
+
+    # ------------------------------------------------------------------ holding
+
+    def _lock(self, uuid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uuid, asyncio.Lock())
+
+    async def hold(self, uuid: str, holder: str) -> MpsPaths:
+        """``holder`` needs the GPU's daemon: started when none runs.
+
+        Raises:
+            MpsError: The daemon cannot be started (``holder`` does not hold it then).
+        """
+        async with self._lock(uuid):
+            if uuid not in self._daemons:
+                await self._start(uuid)
+            self._holders.setdefault(uuid, set()).add(holder)
+        return self.paths(uuid)
+
+    async def release(self, uuid: str, holder: str) -> None:
+        """``holder`` lets go of the GPU's daemon: stopped when nobody holds it."""
+        async with self._lock(uuid):
+            held = self._holders.get(uuid, set())
+            held.discard(holder)
+            self._heal(uuid, holder)
+            if held:
+                return
+            self._holders.pop(uuid, None)
+            await self._stop(uuid)
+
+    async def adopt(self, holders: Mapping[str, Iterable[str]]) -> None:
+        """Take ``holders`` (GPU UUID -> holders) as the truth: adopt the daemons running
+        for held GPUs, start those that are not, stop the daemons of GPUs nobody holds.
+
+        Called at start (a restarted driver) and whenever another instance of the driver
+        changed who holds what.
+        """
+        wanted = {uuid: set(h) for uuid, h in holders.items() if h}
+        found = []
+        for path in self.root.glob(f"*/{_UUID_FILE}"):
+            with contextlib.suppress(OSError):
+                found.append(path.read_text().strip())
+        for uuid in sorted(set(found) | set(wanted) | set(self._daemons)):
+            async with self._lock(uuid):
+                held = wanted.get(uuid, set())
+                self._holders[uuid] = held
+                if not held:
+                    self._holders.pop(uuid, None)
+                    self._broken.pop(uuid, None)
+                    await self._stop(uuid)
+                    continue
+                if uuid in self._daemons and self._is_running(uuid):
+                    continue
+                pid = _read_pid(self.paths(uuid).pipe)
+                if pid is not None and _alive(pid, self._name):
+                    self._watch(uuid, pid)
+                    log.info("MPS control daemon of %s adopted (pid %d)", uuid, pid)
+                    continue
+                message = f"MPS control daemon of {uuid} was not running; started again"
+                self._broken[uuid] = (set(held), message + _RESTART_ADVICE)
+                await self._start(uuid)
+                self._on_change()
+
+    async def close(self) -> None:
+        """Stop watching (the daemons keep running, for the next driver to adopt)."""
+        for daemon in self._daemons.values():
+            self._unwatch(daemon)
+        self._daemons.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        self._tasks.clear()
+
+    async def stop_all(self) -> None:
+        """Stop every daemon this supervisor knows (the holders are forgotten)."""
+        for uuid in list(self._daemons):
+            async with self._lock(uuid):
+                self._holders.pop(uuid, None)
+                await self._stop(uuid)
+
+    # ------------------------------------------------------------------ internals
+
+    def _heal(self, uuid: str, holder: str) -> None:
+        broken = self._broken.get(uuid)
+        if broken is None:
+            return
+        broken[0].discard(holder)
+        if not broken[0]:
+            del self._broken[uuid]
+            log.info("MPS on %s: every client of the daemon that died has gone", uuid)
+            self._on_change()
+
+    def _is_running(self, uuid: str) -> bool:
+        daemon = self._daemons.get(uuid)
+        return daemon is not None and _alive(daemon.pid, self._name)
+
+    def _env(self, uuid: str) -> dict[str, str]:
+        paths = self.paths(uuid)
+        env = dict(os.environ)
+        env.update({PIPE_ENV: str(paths.pipe), LOG_ENV: str(paths.log)})
+        env["CUDA_VISIBLE_DEVICES"] = uuid
+        return env
+
+    async def _start(self, uuid: str) -> None:
+        pid = await asyncio.to_thread(self._start_blocking, uuid)
+        self._watch(uuid, pid)
+
+    def _start_blocking(self, uuid: str) -> int:
+        paths = self.paths(uuid)
+        paths.pipe.mkdir(parents=True, exist_ok=True)
+        paths.log.mkdir(parents=True, exist_ok=True)
+        os.chmod(paths.pipe, 0o755)
+        (paths.pipe.parent / _UUID_FILE).write_text(uuid + "\n")
+        old = _read_pid(paths.pipe)
+        if old is not None and _alive(old, self._name):  # running already: take it
+            return old
+        for stale in (PID_FILE, "control"):
+            with contextlib.suppress(FileNotFoundError):
+                (paths.pipe / stale).unlink()
+        what = f"cannot start the MPS control daemon of {uuid}"
+        # its output to a file, not a pipe: a daemon that kept the pipe open would hold us
+        with open(paths.log / "start.log", "w+") as out:
+            _run([*self.command, "-d"], self._env(uuid), None, self.start_timeout, what, out)
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            pid = _read_pid(paths.pipe)
+            if pid is not None and _alive(pid, self._name):
+                break
+            if time.monotonic() > deadline:
+                raise MpsError(
+                    f"the MPS control daemon of {uuid} wrote no live pid to "
+                    f"{paths.pipe / PID_FILE} within {self.start_timeout:g} s"
+                )
+            time.sleep(0.005)
+        commands = list(self._setup(uuid))
+        if commands:
+            self._control(uuid, commands)
+        log.info("MPS control daemon of %s started (pid %d)", uuid, pid)
+        return pid
+
+    def _control(self, uuid: str, commands: Sequence[str]) -> str:
+        """Send control commands to the GPU's daemon (blocking); their output."""
+        env = {**os.environ, PIPE_ENV: str(self.paths(uuid).pipe)}
+        text = "".join(c + "\n" for c in commands)
+        return _run(self.command, env, text, self.stop_timeout, f"MPS control of {uuid}")
+
+    def _watch(self, uuid: str, pid: int) -> None:
+        old = self._daemons.pop(uuid, None)
+        if old is not None:
+            self._unwatch(old)
+        try:
+            pidfd: int | None = os.pidfd_open(pid)
+        except OSError:
+            pidfd = None
+        daemon = _Daemon(pid, pidfd, time.monotonic())
+        self._daemons[uuid] = daemon
+        if pidfd is not None:
+            loop = asyncio.get_running_loop()
+            loop.add_reader(pidfd, self._died, uuid, daemon)
+
+    def _unwatch(self, daemon: _Daemon) -> None:
+        if daemon.pidfd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(daemon.pidfd)
+            os.close(daemon.pidfd)
+            daemon.pidfd = None
+
+    def _died(self, uuid: str, daemon: _Daemon) -> None:
+        self._unwatch(daemon)
+        if self._daemons.get(uuid) is not daemon:
+            return
+        del self._daemons[uuid]
+        task = asyncio.get_running_loop().create_task(self._restart(uuid, daemon.pid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restart(self, uuid: str, pid: int) -> None:
+        delay = 0.1
+        async with self._lock(uuid):
+            held = set(self._holders.get(uuid, ()))
+            if not held or uuid in self._daemons:
+                return
+            self.restarts += 1
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            message = f"MPS control daemon of {uuid} (pid {pid}) died at {stamp}; started again"
+            log.warning("%s", message)
+            self._broken[uuid] = (held, message + _RESTART_ADVICE)
+            self._on_change()
+            while self._holders.get(uuid):
+                try:
+                    await self._start(uuid)
+                    return
+                except MpsError as exc:
+                    log.error("%s (again in %.1f s)", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _stop(self, uuid: str) -> None:
+        daemon = self._daemons.pop(uuid, None)
+        if daemon is not None:
+            self._unwatch(daemon)
+        await asyncio.to_thread(self._stop_blocking, uuid, None if daemon is None else daemon.pid)
+
+    def _stop_blocking(self, uuid: str, pid: int | None) -> None:
+        paths = self.paths(uuid)
+        if pid is None:
+            pid = _read_pid(paths.pipe)
+        if pid is not None and _alive(pid, self._name):
+            try:
+                self._control(uuid, ["quit"])
+            except MpsError as exc:
+                log.warning("%s; killing pid %d", exc, pid)
+            deadline = time.monotonic() + self.stop_timeout
+            while _alive(pid, self._name):
+                if time.monotonic() > deadline:
+                    log.warning("MPS control daemon of %s ignored quit; killing it", uuid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    break
+                time.sleep(0.005)
+            log.info("MPS control daemon of %s stopped (pid %d)", uuid, pid)
+        shutil.rmtree(paths.pipe, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (paths.pipe.parent / _UUID_FILE).unlink()
+
+
+def _run(
+    argv: list[str], env: Mapping[str, str], text: str | None, timeout: float, what: str,
+    out: IO[str] | None = None,
+) -> str:  # fmt: skip
+    """Run the control program (blocking) with ``text`` on its stdin (``None``: nothing);
+    its output (written to ``out`` instead where given).
+
+    Raises:
+        MpsError: It could not run, timed out or failed (``what: <its last line>``).
+    """
+    pipe = subprocess.PIPE if out is None else out
+    try:
+        proc = subprocess.run(
+            argv, env=env, input=text, stdin=subprocess.DEVNULL if text is None else None,
+            stdout=pipe, stderr=pipe, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise MpsError(f"{what}: {exc}") from exc
+    if out is not None:
+        out.seek(0)
+        proc.stdout, proc.stderr = out.read(), ""
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise MpsError(f"{what}: {lines[-1] if lines else f'exit status {proc.returncode}'}")
+    return proc.stdout
+
+
+_RESTART_ADVICE: Final = (
+    ": the processes that were its clients lost their MPS server; restart them "
+    "(this clears when every share prepared before is unprepared)"
+)
