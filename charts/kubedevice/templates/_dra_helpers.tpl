@@ -125,7 +125,9 @@ driver's socket by its host path), the CDI dir and the host's /dev and /sys. */}
 
 {{/* A DRA driver's port (/metrics, /healthz, /readyz) and its probes: started once the DRA
 socket is served (the first device list is in), live while it is and no job of the driver
-has failed, ready once the kubelet has registered the driver. No shell needed. */}}
+has failed, ready once the kubelet has registered the driver, its ResourceSlices are
+published and its API calls are not failing (so a rollout stops at a new pod that cannot
+reach the API server). No shell needed. */}}
 {{- define "kubedevice.draProbes" -}}
 ports:
   - name: metrics
