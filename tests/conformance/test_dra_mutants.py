@@ -88,7 +88,13 @@ async def _run_all(kubeconfig: Path, work: Path) -> dict[str, Run]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
     async def one(name: str) -> Run:
-        args = ["--pod-uid", "{pod_uid}"] if name == "good" else ["--mutant", name]
+        # each mutant under a driver name of its own: runs side by side on one API server
+        # never see another run's slices as their driver's
+        args = (
+            ["--pod-uid", "{pod_uid}"]
+            if name == "good"
+            else ["--mutant", name, "--driver-name", f"{name}.example.com"]
+        )
         quick = name not in FULL and name != "good"
         junit, log = work / f"{name}.xml", work / f"{name}.log"
         async with gate:

@@ -134,7 +134,7 @@ def _subrequest_names(driver: Widgets) -> None:
     "written again",
 )
 def _reboot_no_spec(driver: Widgets) -> None:
-    async def never_rewritten(self: Any, prepared: Any) -> bool:
+    async def never_rewritten(self: Any, *args: Any, **kwargs: Any) -> bool:
         return False
 
     _patch(_service().ClaimService, "_ensure_spec", never_rewritten)
@@ -158,10 +158,10 @@ def _double_prepare(driver: Widgets) -> None:
     "a claim missing from the API server fails the whole call (an RPC error)",
 )
 def _missing_claim_rpc_error(driver: Widgets) -> None:
-    async def read_all_first(self: Any, request: Any) -> Any:
+    async def read_all_first(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         for claim in request.claims:  # `if err != nil { return nil, err }`
             await self.kube.get_claim(claim.namespace, claim.name)
-        return await prepare(self, request)
+        return await prepare(self, request, *args, **kwargs)
 
     prepare = _patch(_service().ClaimService, "prepare", read_all_first)
 
@@ -175,11 +175,11 @@ def _missing_claim_rpc_error(driver: Widgets) -> None:
 def _claim_by_name(driver: Widgets) -> None:
     service = _service()
 
-    async def by_name(self: Any, raw: Any) -> Any:
+    async def by_name(self: Any, raw: Any, *args: Any, **kwargs: Any) -> Any:
         for prepared in self.checkpoint.claims.values():
             if (prepared.ref.namespace, prepared.ref.name) == (raw.namespace, raw.name):
                 return service._answer(prepared)
-        return await prepare_one(self, raw)
+        return await prepare_one(self, raw, *args, **kwargs)
 
     prepare_one = _patch(service.ClaimService, "_prepare_one", by_name)
 
@@ -192,11 +192,11 @@ def _claim_by_name(driver: Widgets) -> None:
 def _prepare_not_idempotent(driver: Widgets) -> None:
     cls = _service().ClaimService
 
-    async def anew(self: Any, prepared: Any) -> Any:
+    async def anew(self: Any, prepared: Any, *args: Any, **kwargs: Any) -> Any:
         return await self._prepare_new(prepared.ref)
 
-    def fresh_names(self: Any, ref: Any, prepared: Any) -> Any:
-        done = record(self, ref, prepared)
+    def fresh_names(self: Any, ref: Any, prepared: Any, *args: Any, **kwargs: Any) -> Any:
+        done = record(self, ref, prepared, *args, **kwargs)
         suffix = uuid.uuid4().hex[:6]
         ids = tuple(tuple(f"{i}-{suffix}" for i in group) for group in done.cdi_ids)
         return dataclasses.replace(done, cdi_ids=ids)
@@ -213,10 +213,10 @@ def _prepare_not_idempotent(driver: Widgets) -> None:
 def _unprepare_not_idempotent(driver: Widgets) -> None:
     done: set[str] = set()
 
-    async def once_only(self: Any, raw: Any) -> str:
+    async def once_only(self: Any, raw: Any, *args: Any, **kwargs: Any) -> str:
         if raw.uid in done:
             return f"claim {raw.uid} is not prepared"
-        error: str = await unprepare_one(self, raw)
+        error: str = await unprepare_one(self, raw, *args, **kwargs)
         if not error:
             done.add(raw.uid)
         return error
@@ -232,7 +232,7 @@ def _unprepare_not_idempotent(driver: Widgets) -> None:
 def _unprepare_leaves_spec(driver: Widgets) -> None:
     import kubedevice.dra.state.cdi as cdi
 
-    def kept(self: Any, claim_uid: str) -> bool:
+    def kept(self: Any, *args: Any, **kwargs: Any) -> bool:
         return False
 
     _patch(cdi.CdiWriter, "remove", kept)
@@ -254,10 +254,12 @@ def _missing_device_node(driver: Widgets) -> None:
     "had begun; the retry prepares again and writes another",
 )
 def _cutoff_two_results(driver: Widgets) -> None:
-    async def with_the_call(self: Any, work: Any, what: str) -> Any:
+    from kubedevice.dra.node.inflight import InFlight
+
+    async def with_the_call(self: Any, work: Any, *args: Any, **kwargs: Any) -> Any:
         return await work  # the call's cancellation cancels the work itself
 
-    _patch(_service().ClaimService, "_to_the_end", with_the_call)
+    _patch(InFlight, "run", with_the_call)
 
     async def staged(claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
         staging = driver.cdi_dir / f"widget-staging-{uuid.uuid4().hex[:8]}.json"
@@ -360,10 +362,10 @@ def _foreign_node_slice(driver: Widgets) -> None:
 def _sockets_left(driver: Widgets) -> None:
     import kubedevice.dra.node.sockets as sockets
 
-    async def stop_only(self: Any, grace: float | None = None) -> None:
+    async def stop_only(self: Any, *args: Any, **kwargs: Any) -> None:
         server, self._server, self._bound = self._server, None, None
         if server is not None:
-            await server.stop(grace)
+            await server.stop(*args, **kwargs)
 
     _patch(sockets.UnixGrpcServer, "stop", stop_only)
 
