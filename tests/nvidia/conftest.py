@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +13,7 @@ from typing import Any
 import pytest
 
 from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
+from kubedevice.nvidia.fake.mps import PID_FILE
 
 
 @dataclass
@@ -75,3 +79,22 @@ def pod(name: str, resource: str, count: int) -> dict[str, Any]:
             ]
         },
     }
+
+
+@pytest.fixture
+def mps_root(tmp_path: Path) -> Iterator[Path]:
+    """Where MPS control daemons (the fake's stand-in) go; any left running is killed."""
+    root = tmp_path / "mps"
+    yield root
+    for pid_file in root.glob(f"*/pipe/{PID_FILE}"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +28,10 @@ from kubedevice.nvidia.fake import mps as fake_mps
 from kubedevice.nvidia.fake.mps import PID_FILE, read_state
 from kubedevice.nvidia.mps import CONTAINER_PIPE_DIR, MpsDaemons
 
+from .conftest import alive
+
 GIB = 1 << 30
 FAKE_MPS = [sys.executable, "-S", str(Path(fake_mps.__file__))]
-
-
-@pytest.fixture
-def mps_root(tmp_path: Path) -> Iterator[Path]:
-    """The daemons' root; any daemon still running there is killed afterwards."""
-    root = tmp_path / "mps"
-    yield root
-    for pid_file in root.glob(f"*/pipe/{PID_FILE}"):
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def _config(host: Any) -> Config:
@@ -111,14 +103,6 @@ async def _running(
         await gen.aclose()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 async def _wait(predicate: Any, what: str, timeout: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -170,7 +154,7 @@ async def test_each_share_is_an_mps_client_limited_to_what_was_counted(
         assert state is not None
         assert state["visibleDevices"] == run.uuid
         assert state["pipeDirectory"] == str(paths.pipe)
-        assert _alive(state["pid"])
+        assert alive(state["pid"])
         # a share that names no compute has no SM limit
         two = await run.driver.prepare(_claim("u2", _share("gpu-0", "s-2", "20Gi", "0")))
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in two[0].edits.env
@@ -193,14 +177,14 @@ async def test_first_prepare_starts_the_last_unprepare_stops(gpu_host: Any, mps_
         done = await run.hold("u0", "u1", "u2")
         pid = run.mps.pid(run.uuid)
         assert pid is not None
-        assert _alive(pid)
+        assert alive(pid)
         assert all(p.data[0] == {"gpu": run.uuid, "mps": True} for p in done)
         for claim in done[:2]:
             await run.driver.unprepare(claim)
             assert run.mps.pid(run.uuid) == pid  # shares remain: the same daemon
         await run.driver.unprepare(done[2])
         assert run.mps.pid(run.uuid) is None
-        await _wait(lambda: not _alive(pid), "the daemon to exit")
+        await _wait(lambda: not alive(pid), "the daemon to exit")
         assert not run.mps.paths(run.uuid).pipe.exists()
         log = (run.mps.paths(run.uuid).log / "control.log").read_text()
         assert "command: quit" in log  # stopped as NVIDIA documents, not killed
@@ -222,7 +206,7 @@ async def test_a_killed_daemon_is_restarted_and_the_gpu_reports_it(
         await _wait(lambda: run.mps.pid(run.uuid) not in (None, pid), "a new daemon")
         new = run.mps.pid(run.uuid)
         assert new is not None
-        assert _alive(new)
+        assert alive(new)
         [after] = await run.hold("u2")  # a share prepared after the restart joins it
         assert run.mps.pid(run.uuid) == new
         # healthy again once the shares that lost their server are gone
@@ -241,20 +225,20 @@ async def test_a_restarted_driver_adopts_the_daemon_or_stops_it(
         pid = run.mps.pid(run.uuid)
     # the driver stopped; its daemon did not
     assert pid is not None
-    assert _alive(pid)
+    assert alive(pid)
     async with _running(host, mps_root, restore=held) as run:
         assert run.mps.pid(run.uuid) == pid  # adopted, not restarted
         assert run.devices["gpu-0"].health == Health.HEALTHY
         for claim in held:
             await run.driver.unprepare(claim)
-        await _wait(lambda: not _alive(pid), "the adopted daemon to stop")
+        await _wait(lambda: not alive(pid), "the adopted daemon to stop")
     # a daemon no claim holds (its claims unprepared while no driver ran) is stopped at start
     async with _running(host, mps_root) as run:
         await run.hold("u9")
         orphan = run.mps.pid(run.uuid)
     assert orphan is not None
     async with _running(host, mps_root, restore=[]) as run:
-        await _wait(lambda: not _alive(orphan), "the orphan daemon to stop")
+        await _wait(lambda: not alive(orphan), "the orphan daemon to stop")
         assert run.mps.pid(run.uuid) is None
 
 
@@ -267,12 +251,12 @@ async def test_a_held_daemon_that_died_with_no_driver_is_started_at_start(
         pid = run.mps.pid(run.uuid)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)  # a reboot, or the pod's container ended with it
-    await _wait(lambda: not _alive(pid), "the daemon to die")
+    await _wait(lambda: not alive(pid), "the daemon to die")
     async with _running(host, mps_root, restore=held) as run:
         new = run.mps.pid(run.uuid)
         assert new is not None
         assert new != pid
-        assert _alive(new)
+        assert alive(new)
         gpu = run.devices["gpu-0"]
         assert gpu.health == Health.UNHEALTHY
         assert gpu.fault is not None
@@ -307,7 +291,7 @@ def test_the_stand_in_is_driven_as_nvidia_cuda_mps_control(tmp_path: Path) -> No
     assert subprocess.run([*FAKE_MPS, "-d"], **run).returncode == 0  # type: ignore[call-overload]
     pid = int((pipe / PID_FILE).read_text())
     try:
-        assert _alive(pid)
+        assert alive(pid)
         again = subprocess.run([*FAKE_MPS, "-d"], **run)  # type: ignore[call-overload]
         assert again.returncode == 1
         assert "already running" in again.stderr
@@ -324,10 +308,10 @@ def test_the_stand_in_is_driven_as_nvidia_cuda_mps_control(tmp_path: Path) -> No
         assert state["visibleDevices"] == "GPU-abc"
         subprocess.run(FAKE_MPS, input="quit\n", **run)  # type: ignore[call-overload]
         for _ in range(1000):
-            if not _alive(pid):
+            if not alive(pid):
                 break
             subprocess.run(["sleep", "0.01"], check=True)
-        assert not _alive(pid)
+        assert not alive(pid)
         assert not (pipe / PID_FILE).exists()
     finally:
         with contextlib.suppress(ProcessLookupError):

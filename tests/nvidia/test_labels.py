@@ -93,7 +93,7 @@ def test_no_gpus_and_bad_arguments() -> None:
     assert "nvidia.com/gpu.product" not in labels
     for kw in (
         {"mig_strategy": "half", "sharing_strategy": "none", "replicas": 1},
-        {"mig_strategy": "none", "sharing_strategy": "mps", "replicas": 1},
+        {"mig_strategy": "none", "sharing_strategy": "spatial", "replicas": 1},
         {"mig_strategy": "none", "sharing_strategy": "none", "replicas": 0},
     ):
         with pytest.raises(ConfigError):

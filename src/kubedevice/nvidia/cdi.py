@@ -34,6 +34,7 @@ __all__ = [
     "build_spec",
     "cdi_name",
     "find_driver_files",
+    "find_tool",
     "resolve_binary",
     "validate_spec",
     "write_spec",
@@ -287,3 +288,12 @@ def write_spec(cdi_dir: str | os.PathLike[str], spec: dict[str, Any]) -> bool:
     See :func:`kubedevice.plugin.cdi.write_spec`.
     """
     return cdi.write_spec(cdi_dir, SPEC_FILE, spec)
+
+
+def find_tool(driver_root: str, name: str) -> str | None:
+    """The driver's tool ``name`` under ``driver_root`` (``usr/bin`` ...), if executable."""
+    for rel in ("usr/bin", "usr/local/bin", "bin"):
+        path = os.path.join(driver_root, rel, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None

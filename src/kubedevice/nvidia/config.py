@@ -2,7 +2,7 @@
 
 Option names follow NVIDIA's k8s-device-plugin where one exists (``migStrategy``,
 ``failOnInitError``, ``deviceListStrategy``, ``deviceIDStrategy``, ``nvidiaDriverRoot``,
-``sharing.timeSlicing``). Errors name the file and the field path
+``sharing.timeSlicing``, ``sharing.mps``). Errors name the file and the field path
 (``sharing.timeSlicing.resources[0].replicas``), one line each, like the generic plugin's.
 """
 
@@ -121,6 +121,9 @@ class Flags(Model):
     device_id_strategy: Literal["uuid", "index"] = field(
         default="uuid", metadata={"alias": "deviceIDStrategy"}
     )
+    #: Where the device plugin's MPS control daemons keep their pipe and log directories
+    #: (``sharing.mps``; on the host, mounted at the same path).
+    mps_root: AbsPath = "/run/nvidia/mps"
     #: Where the driver's files are, as this process sees them (``/`` on the host,
     #: ``/driver-root`` when the host's root is mounted there).
     nvidia_driver_root: AbsPath = "/"
@@ -271,9 +274,41 @@ class MemoryShares(Model):
 
 @dataclass(frozen=True, kw_only=True)
 class Sharing(Model):
-    """How GPUs are shared between containers."""
+    """How GPUs are shared between containers: time slices, or MPS (NVIDIA's shape for
+    both: ``resources[{name, replicas}]``, ``renameByDefault``,
+    ``failRequestsGreaterThanOne``). With ``mps`` each replica of a GPU is limited to
+    ``memory / replicas`` and ``100 / replicas`` percent of its SMs by the GPU's MPS
+    control daemon, which the plugin runs."""
 
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    mps: TimeSlicing = field(default_factory=TimeSlicing)
+
+    def check(self) -> None:
+        if self.time_slicing.resources and self.mps.resources:
+            raise ValueError("timeSlicing and mps: use one of them, not both")
+        for i, res in enumerate(self.mps.resources):
+            if res.name != GPU_RESOURCE:
+                raise ValueError(
+                    f"mps.resources[{i}].name: MPS shares whole GPUs only ({GPU_RESOURCE}), "
+                    f"not {res.name}"
+                )
+
+    @property
+    def active(self) -> TimeSlicing:
+        """The sharing in force: ``mps`` when it lists resources, else ``timeSlicing``."""
+        return self.mps if self.mps.resources else self.time_slicing
+
+    @property
+    def key(self) -> str:
+        """The config key of the sharing in force (for messages)."""
+        return "sharing.mps" if self.mps.resources else "sharing.timeSlicing"
+
+    @property
+    def strategy(self) -> str:
+        """NVIDIA's label value: ``mps``, ``time-slicing``, or ``none``."""
+        if self.mps.resources:
+            return "mps"
+        return "time-slicing" if self.time_slicing.resources else "none"
 
 
 @dataclass(frozen=True, kw_only=True)

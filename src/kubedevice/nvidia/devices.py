@@ -251,20 +251,19 @@ def advertised_names(
     if strategy == "mixed":
         base_names.extend(_mig_resource(p) for p in mig_profiles)
     base_names = list(dict.fromkeys(base_names))
-    slicing = config.sharing.time_slicing
+    slicing, key = config.sharing.active, config.sharing.key
     advertised: dict[str, str] = {}
     sockets: dict[str, str] = {}
     for base in base_names:
         name = slicing.advertised_name(base)
         if name in advertised.values() or (name != base and name in base_names):
             raise ConfigError(
-                f"sharing.timeSlicing: {base} would be advertised as {name}, "
-                "which is already another resource"
+                f"{key}: {base} would be advertised as {name}, which is already another resource"
             )
         socket = default_socket_name(name)
         if socket in sockets:
             raise ConfigError(
-                f"sharing.timeSlicing: {base} would be advertised as {name}, whose socket "
+                f"{key}: {base} would be advertised as {name}, whose socket "
                 f"name {socket!r} is already used by {sockets[socket]}"
             )
         if device_plugin_dir is not None:
@@ -275,7 +274,7 @@ def advertised_names(
                 if name == base:
                     raise ConfigError(str(exc)) from None
                 raise ConfigError(
-                    f"sharing.timeSlicing: {base} would be advertised as {name}, whose {exc}"
+                    f"{key}: {base} would be advertised as {name}, whose {exc}"
                 ) from None
         sockets[socket] = name
         advertised[base] = name
@@ -346,7 +345,7 @@ def build_inventory(
             product=gpu.name,
             memory=gpu.memory_total,
         )
-    slicing = config.sharing.time_slicing
+    slicing = config.sharing.active
     resources: dict[str, list[DeviceEntry]] = {}
     shared: set[str] = set()
     for base, name in advertised.items():

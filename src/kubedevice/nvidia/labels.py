@@ -46,7 +46,7 @@ _NAME = re.compile(
 )
 _VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 MIG_STRATEGIES = ("none", "single", "mixed")
-SHARING_STRATEGIES = ("none", "time-slicing")
+SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 
 
 def label_value(text: str) -> str:
@@ -76,7 +76,7 @@ def compute_labels(
             kind of GPU; ``gpu.count`` counts them all).
         mig: MIG devices by parent GPU UUID (GPUs with MIG off may be absent).
         mig_strategy: ``none``, ``single`` or ``mixed``.
-        sharing_strategy: ``none`` or ``time-slicing``.
+        sharing_strategy: ``none``, ``time-slicing`` or ``mps``.
         replicas: Time-slicing replicas per GPU (1 without sharing).
 
     Raises:
@@ -164,14 +164,14 @@ def node_labels(
     profile's own ``nvidia.com/mig-<profile>.replicas`` and ``.sharing-strategy`` say
     how it is shared. ``nvidia info`` and ``nvidia run`` both label through this.
     """
-    slicing = config.sharing.time_slicing
+    slicing = config.sharing.active
     replicas = slicing.replicas_of(GPU_RESOURCE)
     labels = compute_labels(
         driver,
         gpus,
         mig,
         mig_strategy=config.flags.mig_strategy,
-        sharing_strategy="time-slicing" if replicas > 1 else "none",
+        sharing_strategy=config.sharing.strategy if replicas > 1 else "none",
         replicas=replicas,
     )
     if config.flags.mig_strategy == "mixed":

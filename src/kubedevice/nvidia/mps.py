@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
-from kubedevice.errors import KubeDeviceError
+from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.nvidia.backend import MpsControlProgram, NvmlBackend
+from kubedevice.nvidia.cdi import find_tool
 
 __all__ = [
     "ACTIVE_THREAD_ENV",
@@ -47,7 +49,11 @@ __all__ = [
     "MpsError",
     "MpsPaths",
     "client_env",
+    "client_mounts",
+    "control_command",
     "pinned_limit",
+    "replica_limits",
+    "shm_source",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,6 +67,7 @@ PID_FILE: Final = "nvidia-cuda-mps-control.pid"
 #: Where a client container finds the pipe directory (mounted from the host's).
 CONTAINER_PIPE_DIR: Final = "/run/nvidia-mps"
 _MIB: Final = 1 << 20
+_TOOL: Final = "nvidia-cuda-mps-control"
 
 
 class MpsError(KubeDeviceError):
@@ -103,6 +110,55 @@ _UUID_FILE: Final = "gpu-uuid"
 
 def _key(uuid: str) -> str:
     return hashlib.sha256(uuid.encode()).hexdigest()[:12]
+
+
+def control_command(backend: NvmlBackend, driver_root: str) -> list[str]:
+    """The MPS control program: the backend's own (the fake), else the driver root's
+    ``nvidia-cuda-mps-control`` (run under ``chroot`` when the root is not ``/``, so it
+    finds the driver's libraries).
+
+    Raises:
+        ConfigError: No control program in the driver root.
+    """
+    if isinstance(backend, MpsControlProgram):
+        return backend.mps_control_command()
+    path = find_tool(driver_root, _TOOL)
+    if path is not None:
+        if os.path.abspath(driver_root) == "/":
+            return [path]
+        return ["chroot", driver_root, "/" + os.path.relpath(path, driver_root)]
+    raise ConfigError(
+        f"dra.mps: no {_TOOL} under {driver_root} (usr/bin, usr/local/bin, bin); "
+        "the driver's MPS control program is needed to run MPS"
+    )
+
+
+def shm_source(root: Path) -> str:
+    """The host directory client containers get as ``/dev/shm``: the one the daemon has.
+
+    ``<root>/shm`` when it is this process's ``/dev/shm`` (the chart mounts it there), else
+    ``/dev/shm`` (the driver runs on the host).
+    """
+    shm = root / "shm"
+    try:
+        if os.path.samefile(shm, "/dev/shm"):
+            return str(shm)
+    except OSError:
+        pass
+    return "/dev/shm"
+
+
+def client_mounts(paths: MpsPaths, shm: str) -> list[tuple[str, str]]:
+    """``(container path, host path)`` of a client's mounts: the pipe dir, ``/dev/shm``."""
+    return [(CONTAINER_PIPE_DIR, str(paths.pipe)), ("/dev/shm", shm)]
+
+
+def replica_limits(memory: int, replicas: int, count: int) -> tuple[int, int]:
+    """``(bytes, percent)`` of ``count`` of a GPU's ``replicas`` (``sharing.mps``): each
+    replica ``memory / replicas`` (whole MiB, rounded down) and ``100 / replicas`` percent
+    (rounded down, at least 1)."""
+    one = memory // replicas // _MIB * _MIB
+    return one * count, min(100, max(1, 100 // replicas) * count)
 
 
 def _alive(pid: int, name: str) -> bool:

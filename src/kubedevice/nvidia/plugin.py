@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 
 VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
 
+#: ``sharing.mps``: a container's env and mounts ``(container path, host path)`` for
+#: ``count`` replicas of one GPU (as its MPS daemon's client).
+MpsEdits = Callable[[GpuUnit, int], tuple[dict[str, str], list[tuple[str, str]]]]
+
 #: Topology-aware choice: ``(available (device id, GPU uuid) pairs, must-include ids, size,
 #: GPU uuid -> devices of it already taken)``.
 Prefer = Callable[[Sequence[tuple[str, str]], Sequence[str], int, Mapping[str, int]], list[str]]
@@ -57,6 +61,7 @@ class GpuResourcePlugin(DevicePlugin):
         fail_requests_greater_than_one: Refuse a container asking for more than one
             replica of a shared resource (``INVALID_ARGUMENT``).
         prefer: The topology-aware preference; ``None`` for the SDK default.
+        mps: ``sharing.mps``: the edits making a container its GPU's MPS client.
     """
 
     advertise_preferred_allocation = True
@@ -71,9 +76,10 @@ class GpuResourcePlugin(DevicePlugin):
         shared: bool = False,
         fail_requests_greater_than_one: bool = False,
         prefer: Prefer | None = None,
+        mps: MpsEdits | None = None,
     ) -> None:
         self.resource_name = resource_name
-        self.configure(entries, flags, shared, fail_requests_greater_than_one, prefer)
+        self.configure(entries, flags, shared, fail_requests_greater_than_one, prefer, mps)
         self._healthy = healthy
 
     def configure(
@@ -83,6 +89,7 @@ class GpuResourcePlugin(DevicePlugin):
         shared: bool,
         fail_requests_greater_than_one: bool,
         prefer: Prefer | None,
+        mps: MpsEdits | None = None,
     ) -> None:
         """Adopt a new device set and settings (after a reload); call :meth:`refresh` next."""
         self.entries = {e.id: e for e in entries}
@@ -90,6 +97,7 @@ class GpuResourcePlugin(DevicePlugin):
         self.shared = shared
         self.fail_requests_greater_than_one = fail_requests_greater_than_one
         self.prefer = prefer
+        self.mps = mps
 
     def snapshot(self) -> list[Device]:
         """The current device list, health included."""
@@ -122,7 +130,7 @@ class GpuResourcePlugin(DevicePlugin):
         """The container's device nodes and its GPU list in every configured form."""
         if self.shared and self.fail_requests_greater_than_one and len(devices) > 1:
             raise AllocationError(
-                f"{self.resource_name} is time-sliced and this plugin refuses requests of "
+                f"{self.resource_name} is shared and this plugin refuses requests of "
                 f"more than one replica (failRequestsGreaterThanOne); asked for {len(devices)}",
                 tuple(d.id for d in devices),
             )
@@ -132,6 +140,8 @@ class GpuResourcePlugin(DevicePlugin):
         specs = tuple(DeviceSpec(n, n, "rw") for n in nodes)
         envs: dict[str, str] = {}
         mounts: list[Mount] = []
+        if self.mps is not None and self.shared:
+            envs, mounts = self._mps_edits([d.id for d in devices], units)
         annotations: dict[str, str] = {}
         cdi: tuple[str, ...] = ()
         strategies = self.flags.device_list_strategy
@@ -159,6 +169,20 @@ class GpuResourcePlugin(DevicePlugin):
             annotations=annotations,
             cdi_devices=cdi,
         )
+
+    def _mps_edits(
+        self, ids: Sequence[str], units: Sequence[GpuUnit]
+    ) -> tuple[dict[str, str], list[Mount]]:
+        """The env and mounts of a client of its GPU's MPS daemon (its replicas' share)."""
+        assert self.mps is not None
+        if len(units) != 1:
+            raise AllocationError(
+                f"{self.resource_name} is shared by MPS: a container's replicas must be of one "
+                f"GPU (a process is a client of one GPU's MPS daemon); got {len(units)} GPUs",
+                tuple(ids),
+            )
+        env, pairs = self.mps(units[0], len(ids))
+        return env, [Mount(inside, host, read_only=False) for inside, host in pairs]
 
     async def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int

@@ -31,6 +31,7 @@ from kubedevice.nvidia.config import Config, load_config
 from kubedevice.nvidia.devices import Inventory, build_inventory, read_numa_node
 from kubedevice.nvidia.health import HealthMonitor, HealthState
 from kubedevice.nvidia.labels import node_labels, remove_feature_file, write_feature_file
+from kubedevice.nvidia.mpsreplicas import ReplicaMps
 from kubedevice.nvidia.plugin import GpuResourcePlugin, Prefer
 from kubedevice.nvidia.topology import Topology, build_topology, preferred_allocation
 from kubedevice.plugin.daemon import PluginDaemon, run_daemon
@@ -164,6 +165,9 @@ class GpuPlugins(PluginDaemon):
         self._device_gpu: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
+        self.mps = ReplicaMps(backend)
+        """``sharing.mps``: the MPS control daemons of the shared GPUs."""
+        self._mps_on = False
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -209,6 +213,7 @@ class GpuPlugins(PluginDaemon):
         derived = await asyncio.to_thread(self._derive, self._config)
         self.health = HealthState(self._config.health, self.hardware.parents)
         await self.server.start()
+        self._mps_on = await self.mps.sync(derived.config, list(derived.inventory.units.values()))
         swap, fresh = self._swap(derived)
         if derived.cdi_spec is not None:
             await asyncio.to_thread(write_spec, derived.config.flags.cdi_dir, derived.cdi_spec)
@@ -248,6 +253,7 @@ class GpuPlugins(PluginDaemon):
             self._gpu_metrics.close()
             self._gpu_metrics = None
         await self.server.stop()
+        await self.mps.close()
         if self.hardware.driver is not None and event_thread_done:
             with contextlib.suppress(NvmlError):
                 await asyncio.to_thread(self.backend.shutdown)
@@ -322,7 +328,7 @@ class GpuPlugins(PluginDaemon):
                 by another resource, a socket path too long).
         """
         config = derived.config
-        slicing = config.sharing.time_slicing
+        slicing = config.sharing.active
         wanted = derived.inventory.resources
         fresh = [
             GpuResourcePlugin(
@@ -333,6 +339,7 @@ class GpuPlugins(PluginDaemon):
                 shared=name in derived.inventory.shared,
                 fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
                 prefer=derived.prefer,
+                mps=self.mps.edits if self._mps_on else None,
             )
             for name, entries in wanted.items()
             if name not in self._plugins
@@ -356,7 +363,7 @@ class GpuPlugins(PluginDaemon):
         }
         if self.health is not None:
             self.health.config = config.health
-        slicing = config.sharing.time_slicing
+        slicing = config.sharing.active
         wanted = derived.inventory.resources
         plugins = {p.resource_name: p for p in fresh}
         for name, entries in wanted.items():
@@ -367,6 +374,7 @@ class GpuPlugins(PluginDaemon):
                 name in derived.inventory.shared,
                 slicing.fail_requests_greater_than_one,
                 derived.prefer,
+                self.mps.edits if self._mps_on else None,
             )
             plugins[name] = plugin
         for name in self._plugins:
@@ -447,6 +455,8 @@ class GpuPlugins(PluginDaemon):
             derived = await asyncio.to_thread(self._derive, config)
             # Everything that can be checked first, then the plugins (undone if the CDI
             # spec cannot be written), then the commit; the labels last.
+            units = list(derived.inventory.units.values())
+            self._mps_on = await self.mps.sync(derived.config, units)
             swap, fresh = self._swap(derived)
             await swap.apply()
             if derived.cdi_spec is not None:

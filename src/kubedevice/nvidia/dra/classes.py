@@ -60,7 +60,7 @@ def device_classes(
             device plugin).
     """
     strategy = config.flags.mig_strategy
-    slicing = config.sharing.time_slicing
+    slicing = config.sharing.active
     out: list[dict[str, Any]] = []
     for base, name in advertised_names(config, mig_profiles).items():
         if base == GPU_RESOURCE:

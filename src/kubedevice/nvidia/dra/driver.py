@@ -71,7 +71,7 @@ from kubedevice.nvidia.dra.faults import fault_of
 from kubedevice.nvidia.dra.migs import MigInstances, caps_of
 from kubedevice.nvidia.dra.shares import MEMORY_LIMIT_ENV, share_env
 from kubedevice.nvidia.health import HealthMonitor, HealthState
-from kubedevice.nvidia.mps import MpsDaemons
+from kubedevice.nvidia.mps import MpsDaemons, control_command
 from kubedevice.nvidia.runner import Hardware, enumerate_hardware
 from kubedevice.nvidia.topology import build_topology
 
@@ -174,7 +174,7 @@ class GpuDraDriver(Driver):
                 flags.nvidia_driver_root, hw.driver.driver_version
             )
         if self.config.dra.mps and self.mps is None:
-            command = mps.control_command(self.backend, flags.nvidia_driver_root)
+            command = control_command(self.backend, flags.nvidia_driver_root)
             self.mps = MpsDaemons(self._mps_root, command, on_change=self._changed.set)
         return devices
 
@@ -327,22 +327,16 @@ class GpuDraDriver(Driver):
         """
         plan = self._check(claim)
         uid = claim.ref.uid
-        gpu = await self._hold_mps(claim, [gd for gd, _ in plan])
+        gpu = None  # dra.mps: start (or join) the daemon of the GPU the claim has shares of
+        if self.mps is not None:
+            wholes = [None if gd.mig or gd.partition else gd.gpu.uuid for gd, _ in plan]
+            gpu = await mps.hold(self.mps, claim, wholes)
         try:
             return await self._prepare(claim, plan, gpu)
         except BaseException:
             if gpu is not None and self.mps is not None:
                 await self.mps.release(gpu, uid)
             raise
-
-    async def _hold_mps(self, claim: Claim, devices: Sequence[GpuDevice]) -> str | None:
-        """``dra.mps``: start (or join) the daemon of the GPU the claim has shares of."""
-        if self.mps is None:
-            return None
-        wholes = [
-            gd.gpu.uuid if gd.mig is None and gd.partition is None else None for gd in devices
-        ]
-        return await mps.hold(self.mps, claim, wholes)
 
     async def _prepare(
         self, claim: Claim, plan: list[tuple[GpuDevice, int | None]], gpu: str | None
@@ -436,12 +430,7 @@ class GpuDraDriver(Driver):
             if claim.devices and not any(claim.data):
                 await self._settle_unrecorded(claim)
         if self.mps is not None:
-            gpus = mps.held_gpus(claim)
-            if claim.devices and not any(claim.data):  # a prepare cut short: what it may hold
-                known = await self._known()
-                gpus = sorted({gd.gpu.uuid for *_, n in claim.devices if (gd := known.get(n))})
-            for gpu in gpus:
-                await self.mps.release(gpu, claim.ref.uid)
+            await mps.release(self.mps, claim, await self._known())
 
     async def _settle_unrecorded(self, claim: PreparedClaim) -> None:
         """A prepare cut short (the driver killed, or the caller's deadline, in :meth:`prepare`)

@@ -21,71 +21,35 @@ the daemons its claims hold and stops the others.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from kubedevice.dra import ClaimError, Mount, RequestPolicy
 from kubedevice.dra.model.capacity import quantity_value
 from kubedevice.dra.model.types import AllocatedDevice, Claim, PreparedClaim
 from kubedevice.errors import ConfigError
-from kubedevice.nvidia.backend import MpsControlProgram, NvmlBackend
 from kubedevice.nvidia.dra.shares import share_bytes
-from kubedevice.nvidia.dra.timeslice import find_tool
-from kubedevice.nvidia.mps import CONTAINER_PIPE_DIR, MpsDaemons, MpsError, MpsPaths, client_env
+from kubedevice.nvidia.mps import (
+    MpsDaemons,
+    MpsError,
+    MpsPaths,
+    client_env,
+    client_mounts,
+    shm_source,
+)
 
 __all__ = [
     "COMPUTE",
     "COMPUTE_POLICY",
-    "control_command",
     "holders",
     "share_compute",
     "share_edits",
-    "shm_source",
 ]
 
 #: The capacity a share asks SMs with (percent).
 COMPUTE: Final = "compute"
 #: ``compute``'s policy: whole percents; a share naming none takes 0 (no SM limit).
 COMPUTE_POLICY: Final = RequestPolicy(default=0, min=0, max=100, step=1)
-_TOOL: Final = "nvidia-cuda-mps-control"
-
-
-def control_command(backend: NvmlBackend, driver_root: str) -> list[str]:
-    """The MPS control program: the backend's own (the fake), else the driver root's
-    ``nvidia-cuda-mps-control`` (run under ``chroot`` when the root is not ``/``, so it
-    finds the driver's libraries).
-
-    Raises:
-        ConfigError: No control program in the driver root.
-    """
-    if isinstance(backend, MpsControlProgram):
-        return backend.mps_control_command()
-    path = find_tool(driver_root, _TOOL)
-    if path is not None:
-        if os.path.abspath(driver_root) == "/":
-            return [path]
-        return ["chroot", driver_root, "/" + os.path.relpath(path, driver_root)]
-    raise ConfigError(
-        f"dra.mps: no {_TOOL} under {driver_root} (usr/bin, usr/local/bin, bin); "
-        "the driver's MPS control program is needed to run MPS"
-    )
-
-
-def shm_source(root: Path) -> str:
-    """The host directory client containers get as ``/dev/shm``: the one the daemon has.
-
-    ``<root>/shm`` when it is this process's ``/dev/shm`` (the chart mounts it there), else
-    ``/dev/shm`` (the driver runs on the host).
-    """
-    shm = root / "shm"
-    try:
-        if os.path.samefile(shm, "/dev/shm"):
-            return str(shm)
-    except OSError:
-        pass
-    return "/dev/shm"
 
 
 def share_compute(allocated: AllocatedDevice) -> int:
@@ -106,8 +70,8 @@ def share_edits(
     """The env and mounts of one share's containers (the claim's totals on its GPU)."""
     env = client_env(paths, memory, compute or None)
     mounts = [
-        Mount(container_path=CONTAINER_PIPE_DIR, host_path=str(paths.pipe), read_only=False),
-        Mount(container_path="/dev/shm", host_path=shm, read_only=False),
+        Mount(container_path=inside, host_path=host, read_only=False)
+        for inside, host in client_mounts(paths, shm)
     ]
     return env, mounts
 
@@ -162,6 +126,16 @@ def claim_edits(
     compute = min(100, sum(share_compute(a) for a in mine))
     more, mounts = share_edits(daemons.paths(gpu), memory, compute, shm_source(daemons.root))
     return {**env, **more}, mounts
+
+
+async def release(daemons: MpsDaemons, claim: PreparedClaim, known: Mapping[str, Any]) -> None:
+    """Let go of the daemons ``claim`` holds (those of all its GPUs after a prepare cut
+    short, which recorded nothing); ``known``: the published devices by name."""
+    gpus = held_gpus(claim)
+    if claim.devices and not any(claim.data):
+        gpus = sorted({gd.gpu.uuid for *_, n in claim.devices if (gd := known.get(n))})
+    for gpu in gpus:
+        await daemons.release(gpu, claim.ref.uid)
 
 
 def holders(claims: Sequence[PreparedClaim]) -> dict[str, set[str]]:

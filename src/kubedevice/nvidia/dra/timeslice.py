@@ -6,13 +6,13 @@ compute-policy --set-timeslice`` takes them.
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 from kubedevice.errors import NvmlError
 from kubedevice.nvidia.backend import NvmlBackend, TimeSliceControl
+from kubedevice.nvidia.cdi import find_tool
 
-__all__ = ["find_tool", "set_time_slice"]
+__all__ = ["set_time_slice"]
 
 
 def set_time_slice(backend: NvmlBackend, driver_root: str, uuid: str, level: int) -> None:
@@ -40,12 +40,3 @@ def set_time_slice(backend: NvmlBackend, driver_root: str, uuid: str, level: int
     if proc.returncode != 0:
         text = (proc.stderr or proc.stdout).strip().splitlines()
         raise NvmlError("Unknown", f"nvidia-smi: {text[-1] if text else proc.returncode}", uuid)
-
-
-def find_tool(driver_root: str, name: str) -> str | None:
-    """The driver's tool ``name`` under ``driver_root`` (``usr/bin`` ...), if executable."""
-    for rel in ("usr/bin", "usr/local/bin", "bin"):
-        path = os.path.join(driver_root, rel, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
