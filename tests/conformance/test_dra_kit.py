@@ -13,17 +13,20 @@ import pytest
 from kubedevice.conformance.dra import DRA_CASES
 
 from .dra_drivers import KUBEDEVICE, example, generic, gpu, k8s_bin, rows, run_kit, summary
+from .plugins import kit_driver_cmd
+from .plugins.kit_driver import BREAK_FLAGS
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def _clean(proc: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert proc.returncode == 0, "\n".join(failed) or out
     assert "Traceback" not in out, out
     table = rows(proc.stdout)
     assert len(table) == len(DRA_CASES), out
-    assert not [k for k, (result, _) in table.items() if result == "FAIL"], out
+    assert not failed, "\n".join(failed)
     return table
 
 
@@ -109,3 +112,22 @@ def test_no_api_server_is_one_line_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().startswith("error: no kubeconfig"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_independent_kit_driver_passes_strict(tmp_path: Path) -> None:
+    """A driver that shares no code with ours or with the kit (raw gRPC, its own HTTP)."""
+    _clean(run_kit(k8s_bin(), ["--strict", "--quick"], kit_driver_cmd(), tmp_path / "d.log"))
+
+
+@pytest.mark.parametrize(
+    ("flag", "case"),
+    [("list-resync", "slices-quiet-list"), ("unprepare-unknown-error", "unprepare-unknown")],
+)
+def test_kit_driver_mutant_fails_its_case(tmp_path: Path, flag: str, case: str) -> None:
+    proc = run_kit(k8s_bin(), ["--strict", "--quick"], kit_driver_cmd(flag), tmp_path / "d.log")
+    assert rows(proc.stdout)[case][0] == "FAIL", proc.stdout + proc.stderr
+    assert proc.returncode == 1
+
+
+def test_every_kit_driver_flag_is_tested() -> None:
+    assert set(BREAK_FLAGS) == {"list-resync", "unprepare-unknown-error"}
