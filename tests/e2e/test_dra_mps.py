@@ -3,7 +3,9 @@ on a fake machine with one 80 GiB GPU and the fake's MPS control daemon stand-in
 real scheduler and kubelet: each share's container is given the daemon's pipe directory and
 its limits (the memory and compute the scheduler counted); the daemon starts at the first
 prepare, is adopted (same pid) by a driver killed with -9 and started again, is started
-again when it is killed itself, and is gone after the last unprepare.
+again when it is killed itself, and is gone after the last unprepare; in a rolling upgrade
+the new instance takes the old one's daemon over (same pid) and stops it at the last
+unprepare.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from kubedevice.nvidia.fake import CONTROL_ENV
 
 from .cluster import Cluster
 from .dra import (
@@ -132,3 +136,33 @@ def test_each_share_is_an_mps_client_and_the_daemon_lives_from_first_to_last(
         _wait_pid(root, lambda p: p is None, "the daemon stopped after the last unprepare")
         assert new is not None
         assert not Path(f"/proc/{new}").exists() or _daemon_pid(root) is None
+
+
+def test_a_rolling_upgrade_hands_the_daemon_over(cluster: Cluster, ns: str) -> None:
+    kubelet = cluster.kubelet
+    assert kubelet is not None
+    root = kubelet.root / "plugins" / GPU / "mps"
+    a = GpuDra(cluster, "one-gpu-80gib", extra=("--mps", "--pod-uid", "mps-a"))
+    b = a.sibling(["--pod-uid", "mps-b"], env={CONTROL_ENV: str(a.root / "nvml-b.sock")})
+    try:
+        a.start()
+        wait_slices(cluster, GPU, lambda n: n == {"gpu-0"}, "the one GPU")
+        with device_class(cluster, f'device.driver == "{GPU}"') as cls:
+            exactly = {"deviceClassName": cls, "capacity": {"requests": {"memory": "20Gi"}}}
+            spec = {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}
+            create_template(cluster, ns, "mem", spec)
+            cluster.run_pod(ns, claim_pod("old", template="mem"), timeout=POD_TIMEOUT)  # by A
+            pid = _wait_pid(root, lambda p: p is not None, "A's daemon")
+            b.start()  # registered beside A
+            assert a.stop() == 0  # SIGTERM: A goes, its daemon stays
+            assert _daemon_pid(root) == pid
+            cluster.run_pod(ns, claim_pod("new", template="mem"), timeout=POD_TIMEOUT)  # by B
+            assert _daemon_pid(root) == pid  # B adopted it, no client disturbed
+            for pod in ("old", "new"):  # B unprepares both, A's claim from the checkpoint
+                delete_pod(cluster, ns, pod)
+            b.wait_specs(lambda specs: not specs, "every share's spec removed")
+            _wait_pid(root, lambda p: p is None, "the daemon stopped by B")
+    finally:
+        release(cluster, ns, [b])
+        b.stop()
+        a.close()
