@@ -601,6 +601,15 @@ class Cluster:
     runtime: str = "fakecri"
     #: the real runtime's scripts (``runtime/up.sh`` ...), for ``runtime="containerd"``
     runtime_dir: Path | None = None
+    #: the controller-manager's ``--controllers`` (``*,-node-lifecycle-controller`` keeps
+    #: Nodes without a kubelet from being tainted unreachable)
+    kcm_controllers: str = "*"
+    #: more flags for the scheduler (``--kube-api-qps=...``)
+    scheduler_flags: tuple[str, ...] = ()
+    #: more flags for the API server (``--audit-policy-file=...``)
+    apiserver_flags: tuple[str, ...] = ()
+    #: etcd's client port (its ``/metrics``)
+    etcd_port: int = 0
     _pod_logs_mounted: bool = False
 
     @property
@@ -661,6 +670,31 @@ class Cluster:
             raise
         return c
 
+    @classmethod
+    def control_plane(
+        cls,
+        bin_dir: Path,
+        workdir: Path,
+        *,
+        kcm_controllers: str = "*",
+        scheduler_flags: tuple[str, ...] = (),
+        apiserver_flags: tuple[str, ...] = (),
+    ) -> Cluster:
+        """etcd, kube-apiserver, kube-scheduler and kube-controller-manager, no kubelet."""
+        c = cls(
+            bin_dir,
+            workdir,
+            kcm_controllers=kcm_controllers,
+            scheduler_flags=scheduler_flags,
+            apiserver_flags=apiserver_flags,
+        )
+        try:
+            c._start_control_plane()
+        except BaseException:
+            c.stop()
+            raise
+        return c
+
     def _proc(self, name: str, *argv: str) -> Process:
         argv_ = [str(self.bin_dir / name), *argv]
         p = Process(name, argv_, self.logs / f"{name}.log", own_dir(self.logs, name))
@@ -681,6 +715,7 @@ class Cluster:
         self.tokens = make_pki(self.pki, users)
         ca = self.pki / "ca.crt"
         etcd_port, etcd_peer = free_port(), free_port()
+        self.etcd_port = etcd_port
         self.api_port = free_port()
         sched_port, kcm_port = free_port(), free_port()
         kc = {
@@ -730,6 +765,7 @@ class Cluster:
             f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
             "--endpoint-reconciler-type=none", "--profiling=false", "--v=1",
+            *self.apiserver_flags,
         )  # fmt: skip
         ctx = ssl.create_default_context(cafile=str(ca))
         readyz = f"{self.server}/readyz"
@@ -744,14 +780,14 @@ class Cluster:
             f"--authentication-kubeconfig={kc['scheduler']}",
             f"--authorization-kubeconfig={kc['scheduler']}",
             "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "--leader-elect=false",
-            "--v=1",
+            "--v=1", *self.scheduler_flags,
         )  # fmt: skip
         kcm = self._proc(
             "kube-controller-manager", f"--kubeconfig={kc['controller-manager']}",
             f"--authentication-kubeconfig={kc['controller-manager']}",
             f"--authorization-kubeconfig={kc['controller-manager']}",
             "--bind-address=127.0.0.1", f"--secure-port={kcm_port}", "--leader-elect=false",
-            "--controllers=*", "--use-service-account-credentials=true",
+            f"--controllers={self.kcm_controllers}", "--use-service-account-credentials=true",
             f"--service-account-private-key-file={p / 'sa.key'}", f"--root-ca-file={ca}",
             f"--cluster-signing-cert-file={ca}", f"--cluster-signing-key-file={p / 'ca.key'}",
             "--service-cluster-ip-range=10.96.0.0/16", "--allocate-node-cidrs=false", "--v=1",
