@@ -65,12 +65,12 @@ def test_a_token_kubeconfig_needs_no_official_client(kubeconfig: Path) -> None:
         "c = KubeClient.connect(Path(sys.argv[1]))\n"
         "n = asyncio.run(c._async('GET', '/api/v1/nodes'))\n"
         "c.close()\n"
-        "print(n['kind'], 'kubernetes' in sys.modules)\n"
+        "print(n['kind'], 'kubernetes' in sys.modules, 'urllib3' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(kubeconfig)], capture_output=True, text=True, check=True
     ).stdout
-    assert out.split() == ["NodeList", "False"]
+    assert out.split() == ["NodeList", "False", "False"]  # http.client: no urllib3 either
 
 
 async def test_client_certificate_data_is_used_from_memory(

@@ -257,7 +257,8 @@ class Endpoint:
 
     def close(self) -> None:
         """Close the connections."""
-        self.pool_manager.clear()
+        if self.pool_manager is not None:
+            self.pool_manager.clear()
 
 
 class OwnEndpoint(Endpoint):
@@ -265,7 +266,8 @@ class OwnEndpoint(Endpoint):
 
     def __init__(self, credentials: Credentials) -> None:
         self.credentials = credentials
-        self.pool_manager = credentials.pool_manager()
+        # its calls go through kubedevice.dra.api.http (no urllib3 pool)
+        self.pool_manager = None
 
     def request(
         self, path: str, query: list[tuple[str, str]], content_type: str

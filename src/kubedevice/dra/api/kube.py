@@ -2,9 +2,10 @@
 the Node.
 
 Reads the credentials itself (:mod:`kubedevice.dra.api.credentials`: the service account, and
-kubeconfigs with tokens, client certificates or basic auth) and calls with ``urllib3``; only
-a kubeconfig that needs a credential plugin (``exec``, ``auth-provider``) or a proxy is
-loaded with the official ``kubernetes`` client (the ``kube-client`` extra), imported only then.
+kubeconfigs with tokens, client certificates or basic auth) and calls over ``http.client``
+(:mod:`kubedevice.dra.api.http`); only a kubeconfig that needs a credential plugin (``exec``,
+``auth-provider``) or a proxy is loaded with the official ``kubernetes`` client (the
+``kube-client`` extra) and called through its ``urllib3`` pool, both imported only then.
 Plain JSON dicts in and out (no generated models: a field newer than the client is never
 dropped). Every failure is a :class:`~kubedevice.errors.KubeApiError`
 with the HTTP status (0: not reached, or no complete answer in time); :attr:`KubeClient.failing`
@@ -124,6 +125,18 @@ def _tracked(base: type) -> type:
     return Tracked
 
 
+def _tracked_manager(manager: Any) -> Any:
+    """``manager`` (a ``urllib3.PoolManager``) with its connections' sockets tracked."""
+    from urllib3 import HTTPConnectionPool as Plain, HTTPSConnectionPool as Tls
+
+    pools: dict[str, Any] = {"http": Plain, "https": Tls}
+    manager.pool_classes_by_scheme = {
+        scheme: type(f"Tracked{b.__name__}", (b,), {"ConnectionCls": _tracked(b.ConnectionCls)})
+        for scheme, b in pools.items()
+    }
+    return manager
+
+
 class KubeClient:
     """A small client for the calls a DRA driver makes. Build it with :meth:`connect`.
 
@@ -140,8 +153,6 @@ class KubeClient:
         deadline_s: float = DEFAULT_DEADLINE_S,
         workers: int = API_WORKERS,
     ) -> None:
-        import urllib3
-
         self._endpoint = endpoint
         self.deadline_s = deadline_s
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
@@ -152,24 +163,17 @@ class KubeClient:
         #: answer in time, credentials refused: 401/403, a server error: 5xx); ``None``
         #: once a call gets any other answer (a 404 or a conflict is the server working).
         self.failing: str | None = None
-        manager = endpoint.pool_manager
-        manager.pool_classes_by_scheme = {
-            "http": type(
-                "TrackedHTTPConnectionPool",
-                (urllib3.HTTPConnectionPool,),
-                {"ConnectionCls": _tracked(urllib3.HTTPConnectionPool.ConnectionCls)},
-            ),
-            "https": type(
-                "TrackedHTTPSConnectionPool",
-                (urllib3.HTTPSConnectionPool,),
-                {"ConnectionCls": _tracked(urllib3.HTTPSConnectionPool.ConnectionCls)},
-            ),
-        }
-        self._manager = manager
-        #: The calls' own connections, where this client reads the credentials itself.
-        self._connections = (
-            Connections(endpoint.credentials) if isinstance(endpoint, OwnEndpoint) else None
-        )
+        #: Own connections (own credentials), else the official client's urllib3 pool.
+        self._connections: Connections | None = None
+        self._manager: Any = None
+        self._retried: tuple[type[Exception], ...] = (NotConnected,)
+        if isinstance(endpoint, OwnEndpoint):
+            self._connections = Connections(endpoint.credentials)
+        else:
+            self._manager = _tracked_manager(endpoint.pool_manager)
+            import urllib3
+
+            self._retried = (NotConnected, urllib3.exceptions.NewConnectionError)
 
     @classmethod
     def connect(
@@ -305,21 +309,34 @@ class KubeClient:
         deliver: Callable[[str, str], None],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        import urllib3
-
         url, headers = self._endpoint.request(path, query, "application/json")
+        conn: Any = None
+        response: Any = None
         try:
-            response = self._manager.request(
-                "GET",
-                url,
-                headers=headers,
-                # the server ends the watch after timeout_s; a read that long silent is a
-                # connection that is gone
-                timeout=urllib3.Timeout(connect=_CONNECT_S, read=timeout_s + 60),
-                retries=False,
-                redirect=False,
-                preload_content=False,
-            )
+            # the server ends the watch after timeout_s; a read that long silent is a
+            # connection that is gone
+            if self._connections is not None:
+                conn, response = self._connections.send(
+                    "GET",
+                    url,
+                    None,
+                    headers,
+                    connect_s=_CONNECT_S,
+                    timeout_s=timeout_s + 60,
+                    register=_register,
+                )
+            else:
+                import urllib3
+
+                response = self._manager.request(
+                    "GET",
+                    url,
+                    headers=headers,
+                    timeout=urllib3.Timeout(connect=_CONNECT_S, read=timeout_s + 60),
+                    retries=False,
+                    redirect=False,
+                    preload_content=False,
+                )
         except Exception as exc:
             error = KubeApiError(f"watch {path}: {_what(exc)}")
             self._note(error)
@@ -358,7 +375,10 @@ class KubeClient:
             raise KubeApiError(f"watch {path}: {_what(exc)}") from None
         finally:
             response.close()  # never back to the pool: a watch's connection is done
-            response.release_conn()
+            if conn is not None:
+                conn.close()
+            else:
+                response.release_conn()
 
     async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a ResourceSlice (``metadata.generateName`` names it, when given)."""
@@ -508,12 +528,10 @@ class KubeClient:
         end: float,
         watch: _Watch,
     ) -> dict[str, Any]:
-        import urllib3
-
         for attempt in range(_TRIES):
             try:
                 return self._once(method, path, query, body, content_type, end)
-            except (urllib3.exceptions.NewConnectionError, NotConnected) as exc:
+            except self._retried as exc:
                 left = end - time.monotonic()
                 if watch.fired or attempt == _TRIES - 1 or left < 0.5:
                     raise KubeApiError(f"{method} {path}: {_what(exc)}") from None
