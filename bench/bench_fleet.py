@@ -482,11 +482,11 @@ def real_driver_rss(plane: Plane, kubeconfig: Path) -> dict[str, Any]:
         avail = next(
             int(x.split()[1])
             for x in Path("/proc/meminfo").read_text().splitlines()
-            if x.startswith("MemAvailable:")
+            if x.startswith("MemTotal:")
         )
         return {
             "rss_mb": round(rss / 1024, 1),
-            "machine_mem_available_mb": round(avail / 1024),
+            "machine_mem_total_mb": round(avail / 1024),
             "would_fit": avail // rss,
         }
     finally:

@@ -7,6 +7,7 @@ import logging
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e.cluster import find_binaries
@@ -267,6 +268,47 @@ async def test_slices_deleted_behind_the_drivers_back_come_back_on_the_watch_not
         assert publisher.watching
     # the watch ended with the server (no thread left reading)
     assert not [t for t in threading.enumerate() if t.name == "kube-watch"]
+
+
+async def test_a_watch_the_api_server_ends_is_renewed_without_a_list(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server ends every watch after its timeout (30 min here, 2 s in this test):
+    the publisher watches on from the newest version it saw (bookmarks keep it recent),
+    with no LIST: a quiet node makes no list in an hour, and still sees a change."""
+    from kubedevice.dra.api.kube import KubeClient
+
+    calls = {"lists": 0, "watches": 0}
+    listing, watching = KubeClient.list_slices_at, KubeClient.watch_slices
+
+    async def counted_list(self: KubeClient, driver: str, node: str) -> tuple[list[dict], str]:
+        calls["lists"] += 1
+        return await listing(self, driver, node)
+
+    async def short_watch(self: KubeClient, *args: Any, **kwargs: Any) -> None:
+        calls["watches"] += 1
+        await watching(self, *args, timeout_s=2)
+
+    monkeypatch.setattr(KubeClient, "list_slices_at", counted_list)
+    monkeypatch.setattr(KubeClient, "watch_slices", short_watch)
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
+        publisher = srv.publisher
+        assert publisher is not None
+        await asyncio.wait_for(srv.wait_published(), 30)
+        async with asyncio.timeout(30):
+            while not calls["watches"]:
+                await asyncio.sleep(0.05)
+        lists, watches, writes = calls["lists"], calls["watches"], publisher.writes
+        async with asyncio.timeout(30):
+            while calls["watches"] < watches + 3:  # three watches ended by the API server
+                await asyncio.sleep(0.2)
+        assert calls["lists"] == lists, "a renewed watch listed the slices again"
+        # the renewed watch still sees a deletion behind the driver's back
+        for s in api.slices(DRIVER, node_name):
+            api.call("DELETE", f"{RESOURCE}/resourceslices/{s['metadata']['name']}")
+        await asyncio.to_thread(api.wait_for_slices, DRIVER, node_name, 2, 20)
+        await asyncio.wait_for(publisher.wait_published(), 30)
+        assert publisher.writes == writes + 1
 
 
 def _taints(api: Api, node: str) -> dict[str, list[dict]]:

@@ -239,8 +239,9 @@ class KubeClient:
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         """Watch this driver's ResourceSlices on ``node`` from ``resource_version``: each
-        event's type (``ADDED``, ``MODIFIED``, ``DELETED``) and its object's
-        ``resourceVersion`` go to ``on_event`` on this loop. Returns when the API server
+        event's type (``ADDED``, ``MODIFIED``, ``DELETED``, and ``BOOKMARK``: no change, the
+        version the watch has reached) and its object's ``resourceVersion`` go to
+        ``on_event`` on this loop. Returns when the API server
         ends the watch (after about ``timeout_s``).
 
         The stream is read by a thread of its own (not one of the API threads: a watch
@@ -263,6 +264,7 @@ class KubeClient:
         query = [
             ("fieldSelector", f"spec.driver={driver},spec.nodeName={node}"),
             ("watch", "1"),
+            ("allowWatchBookmarks", "true"),
             ("resourceVersion", resource_version),
             ("timeoutSeconds", str(timeout_s)),
         ]

@@ -247,6 +247,7 @@ class SlicePublisher:
         self._flipped = asyncio.Event()  # set (and replaced) on each change of deferring
         self._listed = asyncio.Event()  # a list gave a version to watch from
         self._listed_version = ""
+        self._seen_version = ""  # the newest version the watch has seen (events, bookmarks)
         self._own_versions: set[str] = set()  # of slices this publisher wrote
         #: Whether the watch of the slices runs (then nothing is checked periodically).
         self.watching = False
@@ -351,24 +352,35 @@ class SlicePublisher:
                 self._published.set()
 
     async def _watch(self) -> None:
-        """Watch the slices from the last list's version; when the watch ends, list again
-        (what changed meanwhile is reconciled) and watch from there."""
+        """Watch the slices from the last list's version. When the API server ends the watch
+        (after about :data:`~kubedevice.dra.api.kube.WATCH_TIMEOUT_S`), watch again from
+        the newest version seen, without a list; when it fails (410: that version is too
+        old), list again (what changed meanwhile is reconciled) and watch from there."""
         backoff = Backoff(initial=1.0, maximum=RESYNC_S)
+        version: str | None = None
         while True:
-            await self._listed.wait()
-            self._listed.clear()
+            if version is None:
+                await self._listed.wait()
+                self._listed.clear()
+                version = self._listed_version
+            self._seen_version = version
             self.watching = True
             try:
-                await self.kube.watch_slices(
-                    self.driver, self.node, self._listed_version, self._on_event
-                )
+                await self.kube.watch_slices(self.driver, self.node, version, self._on_event)
                 failed: KubeApiError | None = None
             except KubeApiError as exc:
                 failed = exc
             finally:
                 self.watching = False
+            if failed is None:
+                # the API server ended it (its timeout): watch on from the last version seen
+                # (its bookmarks keep that recent), with no list: a quiet node makes none
+                version = self._seen_version
+                backoff.reset()
+                continue
+            version = None
             self._dirty.set()  # list again: a version to watch from, and what was missed
-            if failed is None or failed.status == 410:  # ended, or too old: list and go on
+            if failed.status == 410:  # too old: list and go on
                 backoff.reset()
                 continue
             delay = backoff.next_delay()
@@ -382,8 +394,10 @@ class SlicePublisher:
             await asyncio.sleep(delay)
 
     def _on_event(self, kind: str, version: str) -> None:
-        if version in self._own_versions:
-            return  # the echo of a write of ours
+        if version:
+            self._seen_version = version
+        if kind == "BOOKMARK" or version in self._own_versions:
+            return  # the watch's progress, or the echo of a write of ours
         log.debug("ResourceSlice %s (version %s) by someone else; reconciling", kind, version)
         self._published.clear()
         self._dirty.set()
