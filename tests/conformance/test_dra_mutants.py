@@ -136,6 +136,14 @@ def test_at_least_twelve_mutants_each_meant_for_a_case() -> None:
     assert not unknown, f"mutants meant for cases the kit does not have: {unknown}"
 
 
+def test_the_docs_list_every_mutant_with_its_case() -> None:
+    doc = (REPO / "docs/conformance.md").read_text()
+    missing = [
+        n for n, m in MUTANTS.items() if f"| `{n}` |" not in doc or f"`{m.case}` |" not in doc
+    ]
+    assert not missing, f"docs/conformance.md's mutation set table lacks {missing}"
+
+
 @pytest.mark.timeout(600)
 def test_the_unbroken_driver_passes_every_must_case(runs: dict[str, Run]) -> None:
     good = runs["good"]
