@@ -1091,19 +1091,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _emit(result: dict[str, Any]) -> None:
+def _emit(result: dict[str, Any], name: str = NAME) -> None:
     text = json.dumps(result, indent=2, default=str)
     print(text, flush=True)
     out = os.environ.get("OUT")
     if out:
         with contextlib.suppress(OSError):
             Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / "gpu-dra-check.json").write_text(text + "\n")
+            (Path(out) / f"{name}.json").write_text(text + "\n")
 
 
-def inner(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Script:
+    """A check run this way (``gpu-dra-check``, ``gpu-mps-check``): its name, file, options
+    and steps (``run(args, work, report)``)."""
+
+    name: str
+    file: str
+    parser: Callable[[], argparse.ArgumentParser]
+    run: Callable[[argparse.Namespace, Path, Report], None]
+
+
+def inner(argv: list[str], script: Script | None = None) -> int:
     """In the private mount namespace: the tmpfs mounts, the check, the JSON."""
-    args = _parser().parse_args(argv)
+    script = script or THIS
+    args = script.parser().parse_args(argv)
     work = Path(os.environ[WORK])
     report = Report(args.nvml)
     report.facts["work_dir"] = str(work)  # removed when the check ends
@@ -1128,7 +1140,7 @@ def inner(argv: list[str]) -> int:
                 capture_output=True,
                 timeout=30,
             )
-        run_check(args, work, report)
+        script.run(args, work, report)
     except SystemExit:
         raise
     except (Exception, Deadline) as exc:  # report what failed in the JSON, not as a traceback
@@ -1150,20 +1162,21 @@ def inner(argv: list[str]) -> int:
     }
     if error is not None:
         result["error"] = error
-    _emit(result)
+    _emit(result, script.name)
     return 0 if ok else 1
 
 
-def outer(argv: list[str]) -> int:
+def outer(argv: list[str], script: Script | None = None) -> int:
     """Re-run this script inside ``unshare -m`` (private mounts); clean up after it."""
-    args = _parser().parse_args(argv)
+    script = script or THIS
+    args = script.parser().parse_args(argv)
     if not args.nvml.startswith("fake:"):
         real_gpus()  # exit 2 before anything starts when there is no NVML
     if os.geteuid() != 0:
-        print("gpu-dra-check: run it as root (mount namespace, kubelet)", file=sys.stderr)
+        print(f"{script.name}: run it as root (mount namespace, kubelet)", file=sys.stderr)
         return 1
     if shutil.which("unshare") is None or shutil.which("openssl") is None:
-        print("gpu-dra-check: needs the unshare and openssl commands", file=sys.stderr)
+        print(f"{script.name}: needs the unshare and openssl commands", file=sys.stderr)
         return 1
     made: list[Path] = []  # the mount point's parents we create (removed afterwards)
     for d in (DEVICE_PLUGIN_DIR.parent, DEVICE_PLUGIN_DIR):
@@ -1172,7 +1185,7 @@ def outer(argv: list[str]) -> int:
             made.append(d)
     work = Path(tempfile.mkdtemp(prefix="kd-gdc-", dir="/tmp"))
     env = {**os.environ, INNER: "1", WORK: str(work)}
-    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, __file__, *argv]
+    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, script.file, *argv]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
     def forward(_sig: int, _frame: Any) -> None:
@@ -1188,7 +1201,8 @@ def outer(argv: list[str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        _emit({"ok": False, "error": f"killed after {args.deadline + 30:.0f} s", "checks": []})
+        killed = {"ok": False, "error": f"killed after {args.deadline + 30:.0f} s", "checks": []}
+        _emit(killed, script.name)
         code = 1
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -1200,14 +1214,18 @@ def outer(argv: list[str]) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> None:
+THIS = Script(NAME, __file__, _parser, run_check)
+
+
+def main(argv: list[str] | None = None, script: Script | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if str(ROOT / "src") not in sys.path and (ROOT / "src" / "kubedevice").is_dir():
         sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p
         )
-    raise SystemExit(inner(argv) if os.environ.get(INNER) == "1" else outer(argv))
+    inside = os.environ.get(INNER) == "1"
+    raise SystemExit(inner(argv, script) if inside else outer(argv, script))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from kubedevice.nvidia.fake import CONTROL_ENV
+from kubedevice.nvidia.mps import running_daemons
 
 from .cluster import Cluster
 from .dra import (
@@ -42,15 +43,7 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 
 def _daemon_pid(root: Path) -> int | None:
     """The pid of the one live control daemon under the driver's MPS root."""
-    for pid_file in root.glob(f"*/pipe/{PID_FILE}"):
-        try:
-            pid = int(pid_file.read_text())
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except (OSError, ValueError):
-            continue
-        if state != "Z":
-            return pid
-    return None
+    return next(iter(running_daemons(root)), None)
 
 
 def _wait_pid(root: Path, want: Any, what: str, timeout: float = 30) -> int | None:

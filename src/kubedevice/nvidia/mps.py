@@ -53,6 +53,7 @@ __all__ = [
     "control_command",
     "pinned_limit",
     "replica_limits",
+    "running_daemons",
     "shm_source",
 ]
 
@@ -159,6 +160,16 @@ def replica_limits(memory: int, replicas: int, count: int) -> tuple[int, int]:
     (rounded down, at least 1)."""
     one = memory // replicas // _MIB * _MIB
     return one * count, min(100, max(1, 100 // replicas) * count)
+
+
+def running_daemons(root: Path) -> list[int]:
+    """The pids of the live control daemons under ``root`` (by their pid files), any program."""
+    out = []
+    for pid_file in sorted(root.glob(f"*/pipe/{PID_FILE}")):
+        pid = _read_pid(pid_file.parent)
+        if pid is not None and _alive(pid, ""):
+            out.append(pid)
+    return out
 
 
 def _alive(pid: int, name: str) -> bool:
