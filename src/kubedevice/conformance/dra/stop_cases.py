@@ -11,6 +11,9 @@ from kubedevice.conformance.report import Outcome
 
 __all__ = ["check_sigterm", "report_cost", "rss_mib"]
 
+#: SIGTERM comes at least this long after the instance started.
+SETTLE_S = 2.0
+
 
 def rss_mib(pids: list[int]) -> float | None:
     """Resident memory of ``pids`` together, MiB (None when none could be read)."""
@@ -34,6 +37,11 @@ async def check_sigterm(ctx: DraContext) -> None:
     if not ctx.proc.alive:
         ctx.skip(ids, f"driver already exited with code {ctx.proc.returncode}")
         return
+    # as in a rolling update, not in the instance's first moments (a driver still starting, as
+    # the upstream helper waits a second for its informer, may exit otherwise)
+    settle = ctx.instance.started + SETTLE_S - time.monotonic()
+    if settle > 0:
+        await ctx.wait(lambda: not ctx.proc.alive, settle)
     pid = ctx.proc.pid
     ctx.learned.rss = rss_mib([p for p in [pid, *ctx.proc.leftovers()] if p is not None])
     reg = ctx.learned.registration
