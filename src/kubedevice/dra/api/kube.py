@@ -239,10 +239,9 @@ class KubeClient:
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         """Watch this driver's ResourceSlices on ``node`` from ``resource_version``: each
-        event's type (``ADDED``, ``MODIFIED``, ``DELETED``, and ``BOOKMARK``: no change, the
-        version the watch has reached) and its object's ``resourceVersion`` go to
-        ``on_event`` on this loop. Returns when the API server
-        ends the watch (after about ``timeout_s``).
+        event's type (``ADDED``, ``MODIFIED``, ``DELETED``; ``BOOKMARK``: the version reached)
+        and its object's ``resourceVersion`` go to ``on_event`` on this loop. Returns when
+        the API server ends the watch (after about ``timeout_s``).
 
         The stream is read by a thread of its own (not one of the API threads: a watch
         holds its thread for as long as it runs); an idle watch costs no wake-ups.

@@ -249,6 +249,7 @@ class SlicePublisher:
         self._listed_version = ""
         self._seen_version = ""  # the newest version the watch has seen (events, bookmarks)
         self._own_versions: set[str] = set()  # of slices this publisher wrote
+        self._unsure: set[str] | None = None  # while writing: versions seen, ours or not
         #: Whether the watch of the slices runs (then nothing is checked periodically).
         self.watching = False
         #: Whether a reconcile has succeeded (the slices were as published at least once).
@@ -398,6 +399,9 @@ class SlicePublisher:
             self._seen_version = version
         if kind == "BOOKMARK" or version in self._own_versions:
             return  # the watch's progress, or the echo of a write of ours
+        if self._unsure is not None:  # a write's echo may come before its answer: see after
+            self._unsure.add(version)
+            return
         log.debug("ResourceSlice %s (version %s) by someone else; reconciling", kind, version)
         self._published.clear()
         self._dirty.set()
@@ -457,25 +461,31 @@ class SlicePublisher:
             return
         self.generation = max([self.generation, *generations]) + 1
         dropped = counters_gone = unshared = False
-        for index, chunk in enumerate(chunks):
-            current = existing[index] if index < len(existing) else None
-            _keep_times(chunk.get("devices", []), existing)
-            body = self._slice(chunk, len(chunks))
-            if current is None:
-                stored = await self.kube.create_slice(body)
-            else:
-                body["metadata"]["name"] = current["metadata"]["name"]
-                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                stored = await self.kube.replace_slice(body)
-            self._own_versions.add(str(stored.get("metadata", {}).get("resourceVersion", "")))
-            self.writes += 1
-            dropped = dropped or _taints_dropped(body, stored)
-            counters_gone = counters_gone or counters.counters_dropped(body, stored)
-            unshared = unshared or _shares_dropped(body, stored)
-        for stale in existing[len(chunks) :]:
-            version = stale["metadata"].get("resourceVersion")
-            await self.kube.delete_slice(stale["metadata"]["name"], version)
-            self.writes += 1
+        self._unsure = set()
+        try:
+            for index, chunk in enumerate(chunks):
+                current = existing[index] if index < len(existing) else None
+                _keep_times(chunk.get("devices", []), existing)
+                body = self._slice(chunk, len(chunks))
+                if current is None:
+                    stored = await self.kube.create_slice(body)
+                else:
+                    body["metadata"]["name"] = current["metadata"]["name"]
+                    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                    stored = await self.kube.replace_slice(body)
+                self._own_versions.add(str(stored.get("metadata", {}).get("resourceVersion", "")))
+                self.writes += 1
+                dropped = dropped or _taints_dropped(body, stored)
+                counters_gone = counters_gone or counters.counters_dropped(body, stored)
+                unshared = unshared or _shares_dropped(body, stored)
+            for stale in existing[len(chunks) :]:
+                version = stale["metadata"].get("resourceVersion")
+                await self.kube.delete_slice(stale["metadata"]["name"], version)
+                self.writes += 1
+        finally:
+            foreign, self._unsure = (self._unsure or set()) - self._own_versions, None
+            if foreign:
+                self._on_event("", next(iter(foreign)))
         if unshared:
             self.shares_supported = False
             log.warning(
