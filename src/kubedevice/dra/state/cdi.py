@@ -95,10 +95,18 @@ class CdiWriter:
             ConfigError: A CDI runtime would refuse the spec.
             OSError: The directory or file cannot be written.
         """
-        if not devices:
+        self.put(claim_uid, self.text(claim_uid, devices) if devices else None)
+
+    def put(self, claim_uid: str, text: str | None) -> None:
+        """Write (atomically replace) the spec of claim ``claim_uid`` as ``text`` (made by
+        :meth:`text`); with ``None``, remove it.
+
+        Raises:
+            OSError: The directory or file cannot be written.
+        """
+        if text is None:
             self.remove(claim_uid)
             return
-        text = self.text(claim_uid, devices)
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path(claim_uid), text, mode=0o644, sync=False)
 
