@@ -593,3 +593,24 @@ def test_gpu_plugin_and_gpu_dra_driver_on_the_same_nodes_is_refused() -> None:
         check=False,
     )  # fmt: skip
     assert same.returncode != 0
+
+
+def test_gpu_driver_mps_adds_host_pid_compute_and_a_shared_dev_shm_only_when_asked() -> None:
+    """dra.nvidia.mps: --mps, host PID (the MPS server sees its clients in other pods by host
+    PID), the compute capability (libcuda, nvidia-cuda-mps-control) and /dev/shm from the
+    host dir the shares' containers get; nothing of it without."""
+    plain = daemonset(render(values={"dra.nvidia.enabled": "true"}), "dra-nvidia")
+    assert "hostPID" not in _pod(plain)
+    assert "--mps" not in container(plain)["args"]
+    env = {e["name"]: e.get("value") for e in container(plain)["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "/dev/shm" not in [m["mountPath"] for m in container(plain)["volumeMounts"]]
+    docs = render(values={"dra.nvidia.enabled": "true", "dra.nvidia.mps": "true"})
+    validate_all(docs)
+    gpu = daemonset(docs, "dra-nvidia")
+    assert _pod(gpu)["hostPID"] is True
+    assert "--mps" in container(gpu)["args"]
+    env = {e["name"]: e.get("value") for e in container(gpu)["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"
+    assert _host_path(gpu, "/dev/shm") == "/var/lib/kubelet/plugins/gpu.kubedevice.io/mps/shm"
+    assert container(gpu)["securityContext"]["privileged"] is False

@@ -320,3 +320,31 @@ def test_the_stand_in_is_driven_as_nvidia_cuda_mps_control(tmp_path: Path) -> No
     bare = subprocess.run([*FAKE_MPS, "-d"], env=no_pipe, capture_output=True, text=True)
     assert bare.returncode == 1
     assert "CUDA_MPS_PIPE_DIRECTORY" in bare.stderr
+
+
+def test_the_control_program_is_found_on_path_then_in_the_driver_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_host: Any
+) -> None:
+    from kubedevice.errors import ConfigError
+    from kubedevice.nvidia.mps import control_command
+
+    class Real:  # a backend with no control program of its own (the real one)
+        pass
+
+    backend: Any = Real()
+    root = tmp_path / "driver"
+    tool = root / "usr/bin/nvidia-cuda-mps-control"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    # a driver root mounted in a container: run there, with its libraries
+    assert control_command(backend, str(root)) == ["chroot", str(root), "/usr/bin/" + tool.name]
+    # the container runtime put it on PATH (compute capability): that one
+    monkeypatch.setenv("PATH", str(tool.parent))
+    assert control_command(backend, "/nonexistent") == [str(tool)]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="no nvidia-cuda-mps-control on PATH nor under"):
+        control_command(backend, str(tmp_path / "none"))
+    # the fake brings its stand-in
+    assert control_command(gpu_host("one-gpu-80gib").nvml, "/")[-1].endswith("fake/mps.py")

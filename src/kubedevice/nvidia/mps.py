@@ -114,23 +114,28 @@ def _key(uuid: str) -> str:
 
 
 def control_command(backend: NvmlBackend, driver_root: str) -> list[str]:
-    """The MPS control program: the backend's own (the fake), else the driver root's
-    ``nvidia-cuda-mps-control`` (run under ``chroot`` when the root is not ``/``, so it
-    finds the driver's libraries).
+    """The MPS control program: the backend's own (the fake); else ``nvidia-cuda-mps-control``
+    on this process's ``PATH`` (in a container, the NVIDIA runtime puts it there with the
+    ``compute`` driver capability, beside ``libcuda``); else the driver root's, run under
+    ``chroot`` when the root is not ``/`` (so it finds the driver's libraries).
 
     Raises:
-        ConfigError: No control program in the driver root.
+        ConfigError: No control program anywhere.
     """
     if isinstance(backend, MpsControlProgram):
         return backend.mps_control_command()
+    own = shutil.which(_TOOL)
+    if own is not None:
+        return [own]
     path = find_tool(driver_root, _TOOL)
     if path is not None:
         if os.path.abspath(driver_root) == "/":
             return [path]
         return ["chroot", driver_root, "/" + os.path.relpath(path, driver_root)]
     raise ConfigError(
-        f"dra.mps: no {_TOOL} under {driver_root} (usr/bin, usr/local/bin, bin); "
-        "the driver's MPS control program is needed to run MPS"
+        f"MPS: no {_TOOL} on PATH nor under {driver_root} (usr/bin, usr/local/bin, bin); "
+        "the driver's MPS control program is needed to run MPS (in a container: "
+        "NVIDIA_DRIVER_CAPABILITIES=utility,compute)"
     )
 
 
