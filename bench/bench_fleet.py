@@ -39,11 +39,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import http.client
 import json
 import os
 import re
 import shutil
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -118,9 +120,23 @@ class Plane:
         return self.kube.call(method, path, body=body, content_type=ctype)
 
     def api_metrics(self) -> str:
-        url, headers = self.kube._endpoint.request("/metrics", [], "text/plain")
-        r = self.kube._manager.request("GET", url, headers=headers, timeout=30)
-        return str(r.data.decode())
+        conn = self.connection(30)
+        try:
+            conn.request("GET", "/metrics", headers=self.headers)
+            return conn.getresponse().read().decode()
+        finally:
+            conn.close()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.cluster.tokens['admin']}"}
+
+    def connection(self, timeout: float | None) -> http.client.HTTPSConnection:
+        """A connection of its own to the API server (a scrape, a watch read raw)."""
+        ctx = ssl.create_default_context(cafile=str(self.cluster.pki / "ca.crt"))
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.cluster.api_port, context=ctx, timeout=timeout
+        )
 
     def requests(self, text: str) -> dict[str, float]:
         """``apiserver_request_total`` of ResourceSlices and Nodes, by resource and verb."""
@@ -299,32 +315,27 @@ class PodWatch:
     def __init__(self, plane: Plane, ns: str) -> None:
         self.bound: dict[str, float] = {}
         self.changed = threading.Condition()
-        self._stop = False
-        url, headers = plane.kube._endpoint.request(
-            f"/api/v1/namespaces/{ns}/pods", [("watch", "1")], "application/json"
-        )
-        self._response = plane.kube._manager.request(
-            "GET", url, headers=headers, preload_content=False, timeout=None, retries=False
-        )
+        self.error: str | None = None
+        self._conn = plane.connection(None)
+        self._conn.request("GET", f"/api/v1/namespaces/{ns}/pods?watch=1", headers=plane.headers)
+        self._response = self._conn.getresponse()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
-        buffer = b""
-        with contextlib.suppress(Exception):
-            while chunk := self._response.read1(65536):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
+        try:
+            while line := self._response.readline():
                 now = time.monotonic()
-                for line in lines:
-                    if not line.strip():
-                        continue
-                    obj = json.loads(line).get("object", {})
-                    name = obj.get("metadata", {}).get("name")
-                    if obj.get("spec", {}).get("nodeName") and name not in self.bound:
-                        with self.changed:
-                            self.bound[name] = now
-                            self.changed.notify_all()
+                if not line.strip():
+                    continue
+                obj = json.loads(line).get("object", {})
+                name = obj.get("metadata", {}).get("name")
+                if obj.get("spec", {}).get("nodeName") and name not in self.bound:
+                    with self.changed:
+                        self.bound[name] = now
+                        self.changed.notify_all()
+        except Exception as exc:  # closed by close(), or broken
+            self.error = f"{type(exc).__name__}: {exc}"
 
     def wait(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -333,12 +344,12 @@ class PodWatch:
                 self.changed.wait(1)
 
     def close(self) -> None:
-        sock = getattr(self._response.connection, "sock", None)
+        sock = self._conn.sock
         if sock is not None:  # the reader's recv returns at once
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
         self._thread.join(10)
-        self._response.close()
+        self._conn.close()
 
 
 def schedule(
@@ -389,6 +400,7 @@ def schedule(
     t0 = time.monotonic()
     parallel(release, names)
     watch.wait(pods, timeout=60 + pods * 0.5)
+    error = watch.error
     watch.close()
     bound = {n: t for n, t in watch.bound.items() if n in released}
     latencies = [(bound[n] - released[n]) * 1000 for n in bound]
@@ -400,6 +412,7 @@ def schedule(
         "released_per_s": round(pods / (max(released.values()) - t0), 1),
         "release_to_bound_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
         "release_to_bound_ms_p99": round(pct(latencies, 0.99), 1) if latencies else None,
+        **({"watch_error": error} if error else {}),
     }
 
 

@@ -11,17 +11,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 
 
+@pytest.mark.timeout(180)
 def test_quick_fleet_is_quiet_and_publishes() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_fleet.py"), "--quick"],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=170,
         env=env,
         cwd="/tmp",
         check=False,
