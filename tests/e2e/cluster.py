@@ -44,7 +44,7 @@ from .runtime import Containerd, pod_logs_tmpfs, private_dev, real_pause
 
 NODE = "kd-node"
 #: Nodes a test may add with ``Cluster.add_node`` (each has a token and a kubeconfig).
-EXTRA_NODES = ("kd-node-2",)
+EXTRA_NODES = ("kd-node-2", "kd-node-3")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCK = DEVICE_PLUGIN_DIR / "kubelet.sock"
 BINARIES = (
