@@ -153,6 +153,14 @@ async def check_quiet(ctx: DraContext) -> None:
               if lists else "", f"no LIST in {window:.0f} s", t0)  # fmt: skip
 
 
+def _deleted(ctx: DraContext, since: float, *, driver: str = "", name: str = "") -> bool:
+    """A slice (of ``driver``, or named ``name``) was deleted at or after ``since``."""
+    return any(
+        c.type == "DELETED" and c.t >= since and (c.driver == driver or c.name == name)
+        for c in ctx.slices.changes
+    )
+
+
 async def _back(ctx: DraContext, want: int, started: float) -> float | None:
     ok = await ctx.wait(lambda: ctx.pool_complete() and ctx.device_count() == want,
                         ctx.cap(BACK_S))  # fmt: skip
@@ -171,7 +179,8 @@ async def check_slices_back(ctx: DraContext) -> None:
         ctx.add("slices-after-wipe", Outcome.SKIP, f"the kit could not delete: {exc}")
         ctx.skip(["slices-after-delete", "slices-back-fast"], "the wipe failed")
         return
-    await ctx.wait(lambda: not ctx.slices.of(driver, node), 5.0)
+    # the deletion seen (by its event: the driver may publish again before the kit looks)
+    await ctx.wait(lambda: _deleted(ctx, started, driver=driver), 5.0)
     wipe = await _back(ctx, want, started)
     ctx.check("slices-after-wipe",
               "" if wipe is not None else f"not back to {want} devices within "
@@ -184,7 +193,7 @@ async def check_slices_back(ctx: DraContext) -> None:
     name = mine[0]["metadata"]["name"]
     started = time.monotonic()
     await asyncio.to_thread(ctx.kube.delete, f"{RESOURCE}/resourceslices/{name}")
-    await ctx.wait(lambda: name not in ctx.slices.slices, 5.0)
+    await ctx.wait(lambda: _deleted(ctx, started, name=name), 5.0)
     one = await _back(ctx, want, started)
     ctx.check("slices-after-delete",
               "" if one is not None else f"not back to {want} devices within "
