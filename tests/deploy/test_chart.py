@@ -522,3 +522,19 @@ def test_kube_version_floor() -> None:
     assert proc.returncode != 0
     assert "kubeVersion" in proc.stderr
     helm("template", "x", str(CHART), "--kube-version", "1.26.0")
+
+
+def test_gpu_sharing_mps_adds_host_pid_compute_and_the_mps_dirs(tmp_path: Path) -> None:
+    """sharing.mps in nvidia.config: the plugin runs MPS daemons, so its pod gets host PID,
+    the compute capability and flags.mpsRoot (with its shm dir as /dev/shm); not without."""
+    plain = _gpu_render(tmp_path, "  migStrategy: none\n")
+    assert "hostPID" not in plain["spec"]["template"]["spec"]
+    assert "/dev/shm" not in _mounts(plain)
+    sharing = "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
+    ds = _gpu_render(tmp_path, f"  mpsRoot: /run/mps\n{sharing}")
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    env = {e["name"]: e["value"] for e in container(ds)["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"
+    assert _host_path(ds, "/run/mps") == "/run/mps"
+    assert _host_path(ds, "/dev/shm") == "/run/mps/shm"
+    assert container(ds)["securityContext"]["privileged"] is False

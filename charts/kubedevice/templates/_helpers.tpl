@@ -61,7 +61,8 @@ assumes for a ConfigMap). Root context. */}}
 {{- define "kubedevice.gpuNeeds" -}}
 {{- $c := .Values.nvidia -}}
 {{- if $c.existingConfigMap -}}
-{{- dict "mig" true "cdi" true | toJson -}}
+{{- /* not readable here: MIG and CDI assumed; MPS (host PID) never assumed */}}
+{{- dict "mig" true "cdi" true "mps" false "mpsRoot" "/run/nvidia/mps" | toJson -}}
 {{- else -}}
 {{- $doc := $c.config -}}
 {{- if kindIs "string" $doc -}}{{- $doc = fromYaml $doc -}}{{- end -}}
@@ -73,7 +74,15 @@ assumes for a ConfigMap). Root context. */}}
 {{- if not (kindIs "slice" $strategies) -}}{{- $strategies = list $strategies -}}{{- end -}}
 {{- $cdi := false -}}
 {{- range $strategies -}}{{- if hasPrefix "cdi-" (toString .) -}}{{- $cdi = true -}}{{- end -}}{{- end -}}
-{{- dict "mig" $mig "cdi" $cdi | toJson -}}
+{{- /* sharing.mps with resources: the plugin runs MPS control daemons (under flags.mpsRoot) */}}
+{{- $sharing := dict -}}
+{{- if kindIs "map" $doc -}}{{- $sharing = $doc.sharing | default dict -}}{{- end -}}
+{{- if not (kindIs "map" $sharing) -}}{{- $sharing = dict -}}{{- end -}}
+{{- $mpsConf := $sharing.mps | default dict -}}
+{{- if not (kindIs "map" $mpsConf) -}}{{- $mpsConf = dict -}}{{- end -}}
+{{- $mps := gt (len ($mpsConf.resources | default list)) 0 -}}
+{{- $mpsRoot := toString ($flags.mpsRoot | default "/run/nvidia/mps") -}}
+{{- dict "mig" $mig "cdi" $cdi "mps" $mps "mpsRoot" $mpsRoot | toJson -}}
 {{- end -}}
 {{- end -}}
 
