@@ -348,3 +348,25 @@ def test_the_control_program_is_found_on_path_then_in_the_driver_root(
         control_command(backend, str(tmp_path / "none"))
     # the fake brings its stand-in
     assert control_command(gpu_host("one-gpu-80gib").nvml, "/")[-1].endswith("fake/mps.py")
+
+
+async def test_after_a_reboot_the_daemon_is_started_again_and_the_gpu_stays_healthy(
+    gpu_host: Any, mps_root: Path
+) -> None:
+    host = gpu_host("one-gpu-80gib")
+    async with _running(host, mps_root) as run:
+        held = await run.hold("u1")
+        pid = run.mps.pid(run.uuid)
+        boot = run.mps.paths(run.uuid).pipe.parent / "boot-id"
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    await _wait(lambda: not alive(pid), "the daemon to die")
+    boot.write_text("an-earlier-boot\n")  # the node rebooted: every client went with it
+    async with _running(host, mps_root, restore=held) as run:
+        new = run.mps.pid(run.uuid)
+        assert new is not None
+        assert alive(new)
+        assert run.devices["gpu-0"].health == Health.HEALTHY  # nobody lost a server
+        assert (
+            boot.read_text().strip() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        )

@@ -107,6 +107,22 @@ def client_env(paths: MpsPaths, memory: int | None, percent: int | None) -> dict
 
 
 _UUID_FILE: Final = "gpu-uuid"
+_BOOT_FILE: Final = "boot-id"  # the boot a daemon was started in (a reboot ends its clients)
+_BOOT_ID: Final = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _current_boot_id() -> str:
+    try:
+        return _BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _boot_id(paths: MpsPaths) -> str:
+    try:
+        return (paths.pipe.parent / _BOOT_FILE).read_text().strip()
+    except OSError:
+        return ""
 
 
 def _key(uuid: str) -> str:
@@ -315,9 +331,13 @@ class MpsDaemons:
                     self._watch(uuid, pid)
                     log.info("MPS control daemon of %s adopted (pid %d)", uuid, pid)
                     continue
+                rebooted = _boot_id(self.paths(uuid)) != _current_boot_id()
+                await self._start(uuid)
+                if rebooted:  # every client went with the node: nobody lost a server
+                    log.info("MPS control daemon of %s started again after a reboot", uuid)
+                    continue
                 message = f"MPS control daemon of {uuid} was not running; started again"
                 self._broken[uuid] = (set(held), message + _RESTART_ADVICE)
-                await self._start(uuid)
                 self._on_change()
 
     async def close(self) -> None:
@@ -369,6 +389,7 @@ class MpsDaemons:
         paths.log.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.pipe, 0o755)
         (paths.pipe.parent / _UUID_FILE).write_text(uuid + "\n")
+        (paths.pipe.parent / _BOOT_FILE).write_text(_current_boot_id() + "\n")
         old = _read_pid(paths.pipe)
         if old is not None and _alive(old, self._name):  # running already: take it
             return old
@@ -478,8 +499,9 @@ class MpsDaemons:
                 time.sleep(0.005)
             log.info("MPS control daemon of %s stopped (pid %d)", uuid, pid)
         shutil.rmtree(paths.pipe, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            (paths.pipe.parent / _UUID_FILE).unlink()
+        for name in (_UUID_FILE, _BOOT_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (paths.pipe.parent / name).unlink()
 
 
 def _run(
