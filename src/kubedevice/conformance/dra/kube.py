@@ -63,23 +63,28 @@ class KubeClient:
         self.host, self.port = url.hostname, url.port or 443
         self.prefix = url.path.rstrip("/")
         self.timeout = timeout
-        self._files = tempfile.TemporaryDirectory(prefix="kd-conf-kube-")
-        self.ssl = self._context(cluster, user, kubeconfig.parent)
-        token = user.get("token")
-        if not token and user.get("tokenFile"):
-            token = Path(user["tokenFile"]).read_text().strip()
         if user.get("exec") or user.get("auth-provider"):
             raise ConfigError(
                 f"kubeconfig {kubeconfig}: exec and auth-provider users are not "
                 "supported by the conformance kit (use a token or a certificate)"
             )
+        token = user.get("token")
+        try:
+            if not token and user.get("tokenFile"):
+                token = Path(user["tokenFile"]).read_text().strip()
+            # inline certificates and keys go through files only while the context loads them
+            with tempfile.TemporaryDirectory(prefix="kd-conf-kube-") as files:
+                self._files = Path(files)
+                self.ssl = self._context(cluster, user, kubeconfig.parent)
+        except (OSError, ValueError, ssl.SSLError) as exc:
+            raise ConfigError(f"kubeconfig {kubeconfig}: {exc}") from exc
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         self._local = threading.local()
 
     def _file(self, data: str, name: str) -> str:
-        path = Path(self._files.name) / name
+        path = self._files / name
         path.write_bytes(base64.b64decode(data))
         return str(path)
 
@@ -100,8 +105,11 @@ class KubeClient:
         return ctx
 
     def close(self) -> None:
-        """Remove the decoded certificate files."""
-        self._files.cleanup()
+        """Close this thread's kept-alive connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
 
     def _conn(self, timeout: float | None = None) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(

@@ -1,0 +1,77 @@
+"""The DRA kit's own API client on the kubeconfigs kind and kubeadm write: a client
+certificate and key and the CA inline (``*-data``), against the kit's own real API server."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubedevice.conformance.dra.apiserver import LocalApiServer
+from kubedevice.conformance.dra.kube import ApiError, KubeClient
+from kubedevice.errors import ConfigError
+
+from .dra_drivers import k8s_bin
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _openssl(cwd: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def test_client_certificate_kubeconfig_with_inline_data(tmp_path: Path) -> None:
+    server = LocalApiServer(k8s_bin(), tmp_path / "api")
+    server.start()
+    try:
+        pki = tmp_path / "api" / "pki"
+        ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+        _openssl(pki, "req", *ec, "-keyout", "kind.key", "-out", "kind.csr",
+                 "-subj", "/O=system:masters/CN=kind-admin")  # fmt: skip
+        _openssl(pki, "x509", "-req", "-in", "kind.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", "kind.crt", "-days", "1")  # fmt: skip
+        token_config = yaml.safe_load(server.kit_kubeconfig.read_text())
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "kind", "cluster": {
+                "server": token_config["clusters"][0]["cluster"]["server"],
+                "certificate-authority-data": _b64(pki / "ca.crt")}}],
+            "users": [{"name": "kind-admin", "user": {
+                "client-certificate-data": _b64(pki / "kind.crt"),
+                "client-key-data": _b64(pki / "kind.key")}}],
+            "contexts": [{"name": "kind", "context": {"cluster": "kind", "user": "kind-admin"}}],
+            "current-context": "kind",
+        }  # fmt: skip
+        path = tmp_path / "kind.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        kube = KubeClient(path)
+        try:
+            assert kube.call("GET", "/api/v1/namespaces/default")["metadata"]["name"] == "default"
+            assert kube.get_or_none("/api/v1/nodes/no-such-node") is None
+            with pytest.raises(ApiError) as err:
+                kube.call("POST", "/api/v1/nodes", {"metadata": {"name": "Bad_Name"}})
+            assert err.value.status == 422
+        finally:
+            kube.close()
+    finally:
+        server.stop()
+
+
+def test_an_exec_user_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "exec.kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"exec": {"command": "aws"}}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }))  # fmt: skip
+    with pytest.raises(ConfigError, match="exec and auth-provider users are not supported"):
+        KubeClient(path)
