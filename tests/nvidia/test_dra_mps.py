@@ -111,6 +111,17 @@ async def _wait(predicate: Any, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _held_then_killed(host: Any, root: Path) -> tuple[list[PreparedClaim], int]:
+    """A share prepared by a driver that then stops; its daemon killed while none runs."""
+    async with _running(host, root) as run:
+        held = await run.hold("u1")
+        pid = run.mps.pid(run.uuid)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    await _wait(lambda: not alive(pid), "the daemon to die")
+    return held, pid
+
+
 def test_the_config_key_and_the_flag_turn_memory_shares_on() -> None:
     config = parse_config({"version": "v1", "dra": {"mps": True}})
     assert config.dra.mps
@@ -246,12 +257,7 @@ async def test_a_held_daemon_that_died_with_no_driver_is_started_at_start(
     gpu_host: Any, mps_root: Path
 ) -> None:
     host = gpu_host("one-gpu-80gib")
-    async with _running(host, mps_root) as run:
-        held = await run.hold("u1")
-        pid = run.mps.pid(run.uuid)
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)  # a reboot, or the pod's container ended with it
-    await _wait(lambda: not alive(pid), "the daemon to die")
+    held, pid = await _held_then_killed(host, mps_root)  # the pod's container ended with it
     async with _running(host, mps_root, restore=held) as run:
         new = run.mps.pid(run.uuid)
         assert new is not None
@@ -354,13 +360,8 @@ async def test_after_a_reboot_the_daemon_is_started_again_and_the_gpu_stays_heal
     gpu_host: Any, mps_root: Path
 ) -> None:
     host = gpu_host("one-gpu-80gib")
-    async with _running(host, mps_root) as run:
-        held = await run.hold("u1")
-        pid = run.mps.pid(run.uuid)
-        boot = run.mps.paths(run.uuid).pipe.parent / "boot-id"
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    await _wait(lambda: not alive(pid), "the daemon to die")
+    held, _ = await _held_then_killed(host, mps_root)
+    [boot] = mps_root.glob("*/boot-id")
     boot.write_text("an-earlier-boot\n")  # the node rebooted: every client went with it
     async with _running(host, mps_root, restore=held) as run:
         new = run.mps.pid(run.uuid)
