@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from kubedevice.conformance.dra.apiserver import LocalApiServer
-from kubedevice.conformance.dra.kube import ApiError, KubeClient
+from kubedevice.conformance.dra.kube import RESOURCE, ApiError, KubeClient
 from kubedevice.errors import ConfigError
 
-from .dra_drivers import k8s_bin
+from .dra_drivers import KUBEDEVICE, k8s_bin
+from .plugins import kit_driver_cmd
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -75,3 +76,30 @@ def test_an_exec_user_is_one_clear_error(tmp_path: Path) -> None:
     }))  # fmt: skip
     with pytest.raises(ConfigError, match="exec and auth-provider users are not supported"):
         KubeClient(path)
+
+
+def test_a_run_on_a_kubeconfig_leaves_no_node_class_claim_or_slice(tmp_path: Path) -> None:
+    """--kubeconfig (a cluster the kit does not own): what the run made is gone afterwards,
+    the driver's slices for the kit's Node included."""
+    server = LocalApiServer(k8s_bin(), tmp_path / "api")
+    server.start()
+    kube = KubeClient(server.kit_kubeconfig)
+    try:
+        proc = subprocess.run(
+            [KUBEDEVICE, "conformance", "--dra", "--quick", "--kubeconfig",
+             str(server.kit_kubeconfig), "--log", str(tmp_path / "d.log"), "--",
+             *kit_driver_cmd()],
+            capture_output=True, text=True, timeout=150, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "SKIP    SHOULD  slices-quiet-list          needs the kit's own API server" in (
+            proc.stdout
+        )
+        nodes = [n["metadata"]["name"] for n in kube.call("GET", "/api/v1/nodes")["items"]]
+        assert not [n for n in nodes if n.startswith("kd-conformance-")]
+        assert kube.call("GET", f"{RESOURCE}/resourceslices")["items"] == []
+        assert kube.call("GET", f"{RESOURCE}/deviceclasses")["items"] == []
+        assert kube.call("GET", f"{RESOURCE}/resourceclaims")["items"] == []
+    finally:
+        kube.close()
+        server.stop()

@@ -121,7 +121,7 @@ class Fixtures:
         self.kube.delete(f"{RESOURCE}/namespaces/{self.namespace}/resourceclaims/{name}")
 
     def cleanup(self) -> None:
-        """Delete what the run made (the Node only if the run made it)."""
+        """Delete what the run made (the Node and its ResourceSlices only if it made the Node)."""
         with contextlib.suppress(ApiError):
             for name in self.claims:
                 self.delete_claim(name)
@@ -129,7 +129,9 @@ class Fixtures:
                 self.kube.delete(f"{RESOURCE}/deviceclasses/{self.device_class}")
             if self.namespace:
                 self.kube.delete(f"/api/v1/namespaces/{self.namespace}")
-            if self.made_node:
+            if self.made_node:  # and its slices, as the kubelet of a node that goes would
+                self.kube.call("DELETE", f"{RESOURCE}/resourceslices",
+                               fieldSelector=f"spec.nodeName={self.node}")  # fmt: skip
                 self.kube.delete(f"/api/v1/nodes/{self.node}")
 
 
