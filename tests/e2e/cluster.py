@@ -831,8 +831,9 @@ class Cluster:
         self.wait_node_ready()
 
     def add_node(self, name: str = EXTRA_NODES[0]) -> Kubelet:
-        """Start kd-fakecri and a kubelet for one more Node ``name`` (one of ``EXTRA_NODES``)
-        and wait until it is Ready; ``remove_node`` stops it and deletes the Node.
+        """Start a runtime (kd-fakecri, or a containerd of its own on a containerd cluster) and
+        a kubelet for one more Node ``name`` (one of ``EXTRA_NODES``) and wait until it is
+        Ready; ``remove_node`` stops them and deletes the Node.
 
         The kubelet runs in a mount namespace of its own (``Kubelet.private_mounts``): device
         plugins of the test process register with the first kubelet only; DRA drivers reach
@@ -851,6 +852,9 @@ class Cluster:
             node=name,
             private_mounts=True,
         )
+        if self.runtime == "containerd":  # one runtime per node, with its own bridge and CDI dir
+            assert self.runtime_dir is not None
+            kubelet.containerd = Containerd(self.runtime_dir, self.workdir / f"runtime-{name}")
         self.nodes[name] = kubelet
         kubelet.start_runtime()
         kubelet.start()

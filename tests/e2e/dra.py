@@ -93,8 +93,9 @@ class DraDriver:
         self.name = name
         self.driver = driver
         self.root = root
-        # on the real runtime, the dir containerd reads (shared by every driver of the session)
-        self.cdi_dir = cluster.cdi_dir or root / "cdi"
+        # on the real runtime, the dir its node's containerd reads (shared by every driver of
+        # the session on that node)
+        self.cdi_dir = kubelet.containerd.cdi_dir if kubelet.containerd else root / "cdi"
         self.log = cluster.logs / f"{name}.log"
         self.process = Process(
             name,

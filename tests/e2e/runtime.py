@@ -99,6 +99,7 @@ class Containerd:
 
     def up(self) -> str:
         """Start containerd and load the images; return the CRI endpoint (``unix://...``)."""
+        self.state.mkdir(parents=True, exist_ok=True)
         out = subprocess.run(
             [str(self.scripts / "up.sh"), str(self.state)],
             capture_output=True, text=True, env=self.env, check=False, timeout=180,

@@ -1,10 +1,13 @@
-"""Three nodes: the first kubelet and two more (``Cluster.add_node``: real kubelets, each in a
-mount namespace of its own, on kd-fakecri), the GPU DRA driver as a process on each (fake NVML
-``pcie-4gpu``). A Deployment of pods with a 1-GPU claim (from a ResourceClaimTemplate) spreads
-over the three; a node is drained (cordoned, its pod evicted: the driver there unprepares it) and
-deleted: its ResourceSlices go with it (owned by the Node) and the Deployment's new pod gets a
-new claim on a node that stays. The node comes back as a new Node with its driver: its slices
-appear and the next pod lands there.
+"""Three nodes on the real runtime: the first kubelet and two more (``Cluster.add_node``: real
+kubelets, each in a mount namespace of its own, each with a containerd of its own: its own
+bridge, pod subnet and CDI dir), the GPU DRA driver as a process on each (fake NVML
+``pcie-4gpu``; its ``/dev/nvidia*`` made as real nodes in the tier's private ``/dev``).
+
+A Deployment of pods with a 1-GPU claim (from a ResourceClaimTemplate) spreads over the three;
+a node is drained (cordoned, its pod evicted: the driver there unprepares it) and deleted: its
+ResourceSlices go with it (owned by the Node) and the Deployment's new pod gets a new claim on a
+node that stays. The node comes back as a new Node with its driver: its slices appear and the
+next pod lands there.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
+from kubedevice.nvidia.fake import FakeNvml
 
 from .cluster import EXTRA_NODES, NODE, Cluster, Kubelet, wait_for
 from .dra import (
@@ -28,6 +33,10 @@ from .dra import (
     resource_api,
     wait_slices,
 )
+from .real import real_nvidia_nodes
+from .runtime import PAUSE
+
+pytestmark = [pytest.mark.containerd, pytest.mark.timeout(300)]
 
 GPU_DRIVER = "gpu.kubedevice.io"
 MACHINE = "pcie-4gpu"
@@ -40,7 +49,8 @@ def _deployment(replicas: int) -> dict[str, Any]:
         "containers": [
             {
                 "name": "main",
-                "image": "registry.k8s.io/pause:3.10",
+                "image": PAUSE,
+                "imagePullPolicy": "IfNotPresent",
                 "resources": {"claims": [{"name": "gpu"}]},
             }
         ],
@@ -123,6 +133,14 @@ def three_nodes(cluster: Cluster) -> Iterator[list[Kubelet]]:
 def test_three_nodes_a_node_drained_deleted_and_added(
     cluster: Cluster, ns: str, three_nodes: list[Kubelet]
 ) -> None:
+    nvml = FakeNvml.from_file(MACHINE)
+    dev_nodes = nvml.machine.dev_nodes
+    nvml.close()
+    with real_nvidia_nodes(dev_nodes):  # the same on every node: one /dev in the tier
+        _scenario(cluster, ns, three_nodes)
+
+
+def _scenario(cluster: Cluster, ns: str, three_nodes: list[Kubelet]) -> None:
     drivers: dict[str, GpuDra] = {}
 
     def start_driver(kubelet: Kubelet) -> None:
