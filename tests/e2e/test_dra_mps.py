@@ -32,6 +32,7 @@ from .dra import (
     device_class,
     pod_claim,
     release,
+    slice_devices,
     wait_slices,
 )
 
@@ -63,6 +64,16 @@ def _edits(drv: GpuDra) -> dict[str, dict[str, Any]]:
         for spec in drv.cdi_specs().values()
         for d in spec["devices"]
     }
+
+
+def _wait_taint(cluster: Cluster, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        taints = slice_devices(cluster, GPU)["gpu-0"].taints
+        if taints:
+            return taints[0]
+        assert time.monotonic() < deadline, "gpu-0 not tainted"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -122,11 +133,19 @@ def test_each_share_is_an_mps_client_and_the_daemon_lives_from_first_to_last(
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         new = _wait_pid(root, lambda p: p not in (None, pid), "a new daemon")
+        # ...and the GPU tainted with why, until the shares that lost it are gone
+        taint = _wait_taint(cluster)
+        assert (taint.key, taint.value, taint.effect) == (f"{GPU}/mps-daemon", "restarted",
+                                                          "NoSchedule")  # fmt: skip
         # the last unprepare stops it
         for pod in ("p1", "p2", "p3"):
             delete_pod(cluster, ns, pod)
         gpu.wait_specs(lambda specs: not specs, "every share's spec removed")
         _wait_pid(root, lambda p: p is None, "the daemon stopped after the last unprepare")
+        deadline = time.monotonic() + 30
+        while slice_devices(cluster, GPU)["gpu-0"].taints:  # its shares gone: healthy again
+            assert time.monotonic() < deadline, "gpu-0 still tainted"
+            time.sleep(0.05)
         assert new is not None
         assert not Path(f"/proc/{new}").exists() or _daemon_pid(root) is None
 
