@@ -6,11 +6,17 @@ on the Go ``kubeletplugin`` helper, ``--device-profile gpu``, 8 GPUs), ``kubedev
 dra`` (fake 8-GPU box) and ``kubedevice run --dra`` (8 device nodes). The calls are made by
 ``drabench``, a Go client on ``k8s.io/kubelet/pkg/apis/dra/v1`` (as the kubelet calls a
 driver's socket), one claim per call, 8 claims on the 8 devices at a time; the drivers take
-turns, ``--calls`` calls each per round, for ``--rounds`` rounds:
+turns, ``--calls`` calls each per round (the order reversed every other round), for
+``--rounds`` rounds:
 
 * ``prepare``: a new claim (created and allocated in the API server beforehand);
 * ``again``: the same claim prepared again (answered from the driver's checkpoint);
-* ``unprepare``: the claim unprepared.
+* ``unprepare``: the claim unprepared;
+* ``cpu_ms_per_claim``: the driver process's CPU over those three calls (all its threads,
+  while the calls ran), per claim.
+
+With ``--baseline DIR`` (another source tree's ``src/``, e.g. an older commit unpacked with
+``git archive``) its two drivers run too, in the same turns, for a before/after in one run.
 
 Per driver also: RSS right after start (slices published, before any call), CPU per 60 s
 while idle (all drivers in one window of ``--seconds``), SIGTERM -> exit.
@@ -139,13 +145,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--settle", type=float, default=3.0)
     parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="another source tree's src/ (an older commit): its GPU and generic drivers run "
+        "too, as gpu_dra_8_base and generic_dra_8_base",
+    )
     args = parser.parse_args()
     go = anchors()
     if go is None:
         print("bench_dra_go: skipped: no Go reference driver (../shared/k8s/anchors)")
         return
     compileall.compile_dir(ROOT / "src" / "kubedevice", quiet=1)  # as pip install leaves it
-    root = Path(tempfile.mkdtemp(prefix="kd-bench-drago-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="kd-go-", dir="/tmp"))
     running: dict[str, Running] = {}
     times: dict[str, dict[str, list[float]]] = {}
     rss: dict[str, float] = {}
@@ -174,19 +186,36 @@ def main() -> None:
             }  # fmt: skip
             running["go_helper"] = GoRunning(root, go / BINARIES[0], kubeconfig, api)
             rss["go_helper"] = memory_mb(running["go_helper"].proc.pid)["rss_mb"]
-            for name, (driver, argv) in ours.items():
-                running[name] = Running(root, name, driver, argv, kubeconfig, api)
-                rss[name] = memory_mb(running[name].proc.pid)["rss_mb"]
+            trees = [("", os.environ.get("PYTHONPATH"))]
+            if args.baseline:
+                trees.append(("_base", str(Path(args.baseline).resolve())))
+                compileall.compile_dir(Path(args.baseline) / "kubedevice", quiet=1)
+            for suffix, tree in trees:
+                for name, (driver, argv) in ours.items():
+                    if tree is not None:  # the driver's code from that tree
+                        os.environ["PYTHONPATH"] = tree
+                    tag = suffix.replace("_", "-")  # a DNS name
+                    name, driver = name + suffix, driver.replace(".bench.", f".bench{tag}.")
+                    argv = [driver if a.endswith(".bench.example.com") else a for a in argv]
+                    running[name] = Running(root, name, driver, argv, kubeconfig, api)
+                    rss[name] = memory_mb(running[name].proc.pid)["rss_mb"]
+            if trees[0][1] is not None:
+                os.environ["PYTHONPATH"] = trees[0][1]
             bench = go / BINARIES[1]
-            for _ in range(args.rounds):
-                for name, run in running.items():  # interleaved: each driver's turn in a round
+            cpu: dict[str, int] = {}
+            for turn in range(args.rounds):
+                order = list(running.items())
+                for name, run in order if turn % 2 == 0 else order[::-1]:  # taking turns
                     got = times.setdefault(name, {"prepare": [], "again": [], "unprepare": []})
                     for start in range(0, args.calls, len(run.devices)):
                         # one claim per device at a time (a device is held by one claim)
                         claims = run.claims(run.devices[: args.calls - start])
+                        used = cpu_ns_and_wakeups(run.proc.pid)[0]
                         for mode, key in (("prepare", "prepare"), ("prepare", "again"),
                                           ("unprepare", "unprepare")):  # fmt: skip
                             got[key] += drabench(bench, str(run.sock), claims, mode, root)
+                        used = cpu_ns_and_wakeups(run.proc.pid)[0] - used
+                        cpu[name] = cpu.get(name, 0) + used
             pids = {n: r.proc.pid for n, r in running.items()}
             time.sleep(args.settle)  # the last calls' background work done first
             before = {n: cpu_ns_and_wakeups(pid) for n, pid in pids.items()}
@@ -209,6 +238,7 @@ def main() -> None:
                 for what, samples in got.items()
                 for q, p in (("p50", 0.5), ("p90", 0.9))
             },
+            "cpu_ms_per_claim": round(cpu[name] / 1e6 / len(got["prepare"]), 2),
             "sigterm_to_exit_ms": stop[name],
             "idle_cpu_ms_per_60s": idle[name],
             "rss_after_start_mb": rss[name],
