@@ -303,3 +303,38 @@ async def test_a_new_prepare_syncs_once_after_its_hook_and_its_spec_not_at_all(
     # one fsync: the checkpoint's new file, before it replaced the old one; none of a spec
     assert [Path(p).name.startswith(".c.json.") for p in synced] == [True]
     assert (tmp_path / "cdi" / f"k8s.{DRIVER}-claim_uid-0001.json").is_file()
+
+
+async def test_an_unsynced_save_does_not_wait_for_the_fsync_of_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """Back-to-back unprepares: the second is written (and answered) while the first's
+    fsync still runs; its own change is synced after, by the same background task."""
+    from kubedevice.dra.state.saver import CheckpointSaver
+
+    gate = threading.Event()
+    syncs: list[int] = []
+
+    class Held(Checkpoint):
+        def sync(self) -> None:
+            assert gate.wait(10)  # the first fsync is held until the second save is done
+            super().sync()
+            syncs.append(len(self.claims))
+
+    checkpoint = Held(tmp_path / "c.json", DRIVER)
+    checkpoint.claims = {f"uid-{i:04d}": _claim(i) for i in range(3)}
+    saver = CheckpointSaver(checkpoint)
+    await saver.save()
+    del checkpoint.claims["uid-0000"]
+    await saver.save(sync=False)
+    syncing = saver.syncing
+    assert syncing is not None
+    del checkpoint.claims["uid-0001"]
+    await asyncio.wait_for(saver.save(sync=False), 5)  # not behind the held fsync
+    reread = Checkpoint(checkpoint.path, DRIVER)
+    reread.load()
+    assert list(reread.claims) == ["uid-0002"]
+    gate.set()
+    await syncing
+    assert syncs[-1] == 1  # the last change synced too
+    assert saver.syncing is None

@@ -5,10 +5,10 @@ write (the claims of one call are saved together). A save with ``sync=False`` (a
 unprepare's) returns once the file every process reads has the change (written on the
 event loop while the file is small: a thread hop there and back costs more than the
 write), and the fsync (file, then directory) follows right after in a task of its own, off
-the call's path; a synced save (a prepare's) waits for it, or syncs what an unsynced save
-wrote. A save with ``follow=False`` (a prepare's "preparing" record, made durable by that
-prepare's own synced save right after its hook) is written as an unsynced one is, and no
-fsync follows it.
+the call's path, beside the next writes (a save never waits for an fsync in progress); a
+synced save (a prepare's) syncs what an unsynced save wrote. A save with ``follow=False``
+(a prepare's "preparing" record, made durable by that prepare's own synced save right
+after its hook) is written as an unsynced one is, and no fsync follows it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class CheckpointSaver:
         if not self._lock.locked():
             # let the other claims of the call make their changes first: one write for all
             await asyncio.sleep(0)
-        async with self._lock:
+        async with self._lock:  # one write at a time; an fsync in progress never holds it
             if self._saved < mine:
                 upto = self._changes
                 if sync or self.checkpoint.written_bytes > ON_LOOP_BYTES:
@@ -67,22 +67,26 @@ class CheckpointSaver:
                     self.checkpoint.save(sync=False)
                 self._saved = upto
                 if sync:
-                    self._synced = upto
-            elif sync and self._synced < mine:  # written by an unsynced save: sync it
-                upto = self._saved
-                await asyncio.to_thread(self.checkpoint.sync)
-                self._synced = upto
+                    self._synced = max(self._synced, upto)
+        if sync and self._synced < mine:  # written by an unsynced save: sync it now
+            upto = self._saved
+            await asyncio.to_thread(self.checkpoint.sync)
+            self._synced = max(self._synced, upto)
         if follow and self._synced < mine and self.syncing is None:
             self.syncing = asyncio.create_task(self._sync_soon(), name="sync the checkpoint")
 
     async def _sync_soon(self) -> None:
-        """fsync what unsynced saves wrote (the file, then its directory)."""
+        """fsync what unsynced saves wrote (the file, then its directory), until all is.
+
+        It runs beside the writes: a save made meanwhile is written at once (the fsync
+        then covers the file it finds, old or new, and what it did not cover is synced on
+        the next turn), so an unprepare's answer never waits for the fsync of the one before.
+        """
         try:
-            async with self._lock:
+            while self._synced < self._saved:
                 upto = self._saved
-                if self._synced < upto:
-                    await asyncio.to_thread(self.checkpoint.sync)
-                    self._synced = upto
+                await asyncio.to_thread(self.checkpoint.sync)
+                self._synced = max(self._synced, upto)
         except OSError as exc:  # the next synced save writes (and syncs) it all again
             log.error("cannot fsync the checkpoint: %s", exc)
         finally:
