@@ -16,18 +16,21 @@ entry and the field. Every reader of a kubeconfig checks it here first: the DRA 
 (:mod:`kubedevice.dra.api.credentials`), the official client's it hands a credential plugin
 to, and ``advertise``'s.
 
-A leaf module (the standard library, PyYAML and ``kubedevice.errors`` only).
+A leaf module (the standard library, ``yamlfile``, ``_regular_file`` and ``errors`` only).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from kubedevice._regular_file import open_regular
 from kubedevice.errors import ConfigError
+from kubedevice.yamlfile import HugeInt, read_yaml
 
 __all__ = ["INSECURE_WITH_CA", "check_kubeconfig", "load_kubeconfig"]
 
@@ -88,12 +91,11 @@ def load_kubeconfig(path: Path, context: str | None = None) -> dict[str, Any]:
     Raises:
         ConfigError: It cannot be read or parsed, or kubectl would refuse it.
     """
-    import yaml
-
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read kubeconfig {path}: {' '.join(str(exc).split())}") from None
+        # bounded: a FIFO, a huge file, an alias bomb or deep nesting is one line, quickly
+        doc = read_yaml(path)
+    except ConfigError as exc:
+        raise ConfigError(f"kubeconfig {' '.join(str(exc).split())}") from None
     check_kubeconfig(doc, path, context)
     assert isinstance(doc, dict)  # checked
     return doc
@@ -246,15 +248,18 @@ def _check_user(name: str, user: dict[str, Any], base: Path, fail: Any) -> None:
 
 
 def _readable(path: Path, what: str, fail: Any) -> None:
+    """Refuse ``path`` unless it opens as a regular file (a symlink to one is fine; a FIFO
+    never blocks, a device is never read)."""
     try:
-        with open(path, "rb"):
-            pass
+        os.close(open_regular(path, os.O_RDONLY, follow_symlinks=True))
     except OSError as exc:
         raise fail(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
 
 
-def _names(entries: Mapping[str, Any]) -> str:
-    return ", ".join(f'"{n}"' for n in entries) or "none"
+def _names(entries: Mapping[str, Any], most: int = 10) -> str:
+    names = [f'"{n[:60]}"' for n, _ in zip(entries, range(most), strict=False)]
+    more = len(entries) - len(names)
+    return ", ".join(names) + (f" and {more:,} more" if more > 0 else "") or "none"
 
 
 def _kind(value: Any) -> str:
@@ -264,9 +269,12 @@ def _kind(value: Any) -> str:
     if isinstance(value, str):
         return f"the string {value[:40]!r}"
     if isinstance(value, int | float):
-        return f"the number {value}"
+        text = str(value)
+        return f"the number {text if len(text) <= 40 else text[:20] + '...'}"
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
         return "a list"
+    if isinstance(value, HugeInt):
+        return repr(value)
     return f"a {type(value).__name__}"

@@ -19,7 +19,7 @@ from kubedevice.plugin.schema import (
     dump,
     loc_text,
 )
-from kubedevice.plugin.yamlfile import HugeInt
+from kubedevice.yamlfile import HugeInt
 
 
 @dataclass(frozen=True, kw_only=True)

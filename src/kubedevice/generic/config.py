@@ -30,7 +30,7 @@ from kubedevice.plugin.configbase import (
     parse_model,
 )
 from kubedevice.plugin.schema import Check, Ge, Gt, Le, MinLen, Model
-from kubedevice.plugin.yamlfile import read_yaml
+from kubedevice.yamlfile import read_yaml
 
 __all__ = [
     "CommandCheck",

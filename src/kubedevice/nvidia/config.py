@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, Literal
 from kubedevice.errors import ConfigError
 from kubedevice.plugin.configbase import AbsPath, ResourceName, describe_input, parse_model
 from kubedevice.plugin.schema import Before, Check, Ge, Le, MinLen, Model, dump
-from kubedevice.plugin.yamlfile import read_yaml
+from kubedevice.yamlfile import read_yaml
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",

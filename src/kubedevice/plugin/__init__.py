@@ -10,7 +10,7 @@ gRPC service and the ListAndWatch fan-out), ``registration`` (Register + backoff
 ``watch`` (inotify), ``server`` (:class:`PluginServer`), ``runner`` (serve/run/main),
 ``daemon`` (reload, SIGHUP and metrics plumbing shared by the plugin daemons),
 ``metrics`` (Prometheus, imported only on demand). The plugin daemons' shared kit, never
-imported by the modules above: ``yamlfile`` (strict YAML), ``configbase`` (config checks
+imported by the modules above: ``configbase`` (config checks
 and one-line errors), ``filewatch`` (inotify over directories and the config file),
 ``files`` (atomic replace), ``cdi`` (CDI spec rules and writing).
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, TypeVar, Union
 
-from kubedevice.plugin.yamlfile import HugeInt
+from kubedevice.yamlfile import HugeInt
 
 __all__ = [
     "Before",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import os
 import threading
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
+from kubedevice._regular_file import read_regular
 from kubedevice.errors import ConfigError
 from kubedevice.kubeconfig_rules import load_kubeconfig
 
@@ -87,7 +89,7 @@ class Credentials:
                 st = os.stat(self.token_file)
                 with self._lock:
                     if self._token_seen != (st.st_mtime_ns, st.st_size) or self.token is None:
-                        self.token = self.token_file.read_text().strip()
+                        self.token = _read_token(self.token_file)
                         self._token_seen = (st.st_mtime_ns, st.st_size)
             except OSError:
                 if self.token_fallback is None:
@@ -168,7 +170,10 @@ def read_credentials(kubeconfig: Path | None) -> Credentials | None:
         creds.authorization()  # a token file that cannot be read (and no token) fails now
     except (OSError, ValueError, binascii.Error) as exc:
         creds.close()
-        raise ConfigError(f"cannot load kubeconfig {kubeconfig}: {exc}") from None
+        why = str(exc)
+        if isinstance(exc, OSError) and exc.strerror:  # not "[Errno 22] ..."
+            why = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+        raise ConfigError(f"cannot load kubeconfig {kubeconfig}: {why}") from None
     return creds
 
 
@@ -221,6 +226,26 @@ def _file_or_data(creds: Credentials, base: Path, section: dict[str, Any], key: 
             raise FileNotFoundError(f"{key} {full} does not exist")
         return str(full)
     return None
+
+
+#: The longest token file read (a ServiceAccount token is about 1 KiB).
+MAX_TOKEN_BYTES: Final = 64 << 10
+
+
+def _read_token(path: Path) -> str:
+    """The token in ``path`` (a symlink followed, as a projected volume's; a FIFO or a
+    device never read).
+
+    Raises:
+        OSError: It cannot be read, is not a regular file, is not UTF-8 or is too long.
+    """
+    data = read_regular(path, MAX_TOKEN_BYTES, follow_symlinks=True)
+    if len(data) > MAX_TOKEN_BYTES:
+        raise OSError(errno.EFBIG, f"{path} is larger than {MAX_TOKEN_BYTES >> 10} KiB")
+    try:
+        return data.decode().strip()
+    except UnicodeDecodeError:
+        raise OSError(errno.EINVAL, f"{path} is not UTF-8 text") from None
 
 
 def _in_cluster() -> Credentials:

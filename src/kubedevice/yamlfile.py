@@ -1,10 +1,13 @@
-"""Reading a YAML config file strictly: the one place plugin configs meet hostile YAML.
+"""Reading a YAML file strictly: the one place configs and kubeconfigs meet hostile YAML.
 
 Duplicate keys are refused, integers too long for any field load as :class:`HugeInt`
-(never converted), a document whose aliases would expand past :data:`MAX_EXPANDED_NODES`
-nodes (a "billion laughs" file) is refused before it is built, and every error names the
-file (and the line and column of a syntax error). A leaf module (PyYAML only), shared by
-the generic plugin's and the GPU plugin's configs.
+(never converted), a file larger than :data:`MAX_BYTES` or with more than
+:data:`MAX_EXPANDED_NODES` values is refused while it is read (before its nodes are built),
+a document whose aliases would expand past :data:`MAX_EXPANDED_NODES` nodes (a "billion
+laughs" file) before it is built, one nested too deeply in one line too, and every error
+names the file (and the line and column of a syntax error). A leaf module (PyYAML and
+``_regular_file`` only), shared by the generic plugin's and the GPU plugin's configs and
+every kubeconfig reader (:mod:`kubedevice.kubeconfig_rules`).
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ import yaml
 from kubedevice._regular_file import read_regular
 from kubedevice.errors import ConfigError
 
-__all__ = ["MAX_EXPANDED_NODES", "HugeInt", "read_yaml"]
+__all__ = ["MAX_BYTES", "MAX_EXPANDED_NODES", "HugeInt", "read_yaml"]
 
 #: Integers with more digits than this are out of range for every field (int64 has 19).
 _MAX_INT_DIGITS = 20
 
 #: Most nodes a config may expand to through aliases; real configs have a few hundred.
 MAX_EXPANDED_NODES = 100_000
+#: The largest file read (a kubeconfig with the certificates of 500 clusters is 1 MiB).
+MAX_BYTES = 16 << 20
 
 
 class HugeInt:
@@ -134,6 +139,29 @@ def _expanded_size(root: yaml.Node) -> int:
     return size(root)
 
 
+def _count_events(text: str, source: str) -> None:
+    """Refuse ``text`` once it has more values than :data:`MAX_EXPANDED_NODES`, counted by
+    the parser alone (building the nodes of a 100,000-entry list takes seconds; this pass
+    stops at the limit in a tenth of one).
+
+    Raises:
+        ConfigError: Too many values (a syntax error is left to the load, which says where).
+    """
+    starts = (yaml.ScalarEvent, yaml.AliasEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent)
+    seen = 0
+    try:
+        for event in yaml.parse(text, Loader=_BaseLoader):
+            if isinstance(event, starts):
+                seen += 1
+                if seen > MAX_EXPANDED_NODES:
+                    raise ConfigError(
+                        f"{source}: too large: more than {MAX_EXPANDED_NODES:,} values (lists, "
+                        "mappings and scalars); refused"
+                    )
+    except (yaml.YAMLError, RecursionError):
+        return
+
+
 def read_yaml(path: str | Path) -> Any:
     """Read the YAML file at ``path`` strictly; ``None`` when it is empty.
 
@@ -144,11 +172,15 @@ def read_yaml(path: str | Path) -> Any:
     source = str(path)
     try:
         # a FIFO planted there never blocks; a ConfigMap's symlinks are followed
-        text = read_regular(path, follow_symlinks=True).decode("utf-8")
+        data = read_regular(path, MAX_BYTES, follow_symlinks=True)
+        if len(data) > MAX_BYTES:
+            raise ConfigError(f"{source}: larger than {MAX_BYTES >> 20} MiB; refused")
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text: invalid byte at offset {exc.start}") from None
+    _count_events(text, source)
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
@@ -170,5 +202,7 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # a scalar its tag cannot take (2001-13-45)
+        raise ConfigError(f"{source}: invalid YAML: {' '.join(str(exc).split())[:200]}") from None
     finally:
         loader.dispose()
