@@ -14,7 +14,7 @@ from kubedevice.conformance.dra import DRA_CASES
 
 from .dra_drivers import KUBEDEVICE, example, generic, gpu, k8s_bin, rows, run_kit, summary
 from .plugins import kit_driver_cmd
-from .plugins.kit_driver import BREAK_FLAGS
+from .plugins.kit_driver import BREAK_FLAGS, DELAY_ENV
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,7 +38,10 @@ def test_generic_driver_passes_strict_with_junit(tmp_path: Path) -> None:
                    tmp_path / "driver.log")  # fmt: skip
     table = _clean(proc)
     # every case ran but the one that needs --claim-config
-    assert {k for k, (r, _) in table.items() if r == "SKIP"} == {"prepare-own-config"}
+    assert {k for k, (r, _) in table.items() if r == "SKIP"} == {
+        "prepare-own-config",
+        "deadline-overlap",
+    }
     assert table["upgrade-side-by-side"][0] == "PASS"
     assert table["slices-quiet-list"][0] == "PASS"  # the audit log was read
     suite = ET.parse(junit).getroot().find("testsuite")
@@ -114,9 +117,15 @@ def test_no_api_server_is_one_line_exit_2(tmp_path: Path) -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_independent_kit_driver_passes_strict(tmp_path: Path) -> None:
-    """A driver that shares no code with ours or with the kit (raw gRPC, its own HTTP)."""
-    _clean(run_kit(k8s_bin(), ["--strict", "--quick"], kit_driver_cmd(), tmp_path / "d.log"))
+def test_independent_kit_driver_passes_strict_slowed_for_the_overlap(tmp_path: Path) -> None:
+    """A driver that shares no code with ours or with the kit (raw gRPC, its own HTTP), in a
+    full run; its prepare knob slows it for the overlap case only."""
+    kit = ["--strict", "--slow-env", f"{DELAY_ENV}=0.6"]
+    table = _clean(run_kit(k8s_bin(), kit, kit_driver_cmd(), tmp_path / "d.log"))
+    result, evidence = table["deadline-overlap"]
+    assert result == "PASS", evidence
+    assert table["cost-prepare-latency"][1].startswith("p50 ")
+    assert table["restart-same-answer"][0] == "PASS"
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,14 @@ __all__ = ["COMMANDS", "conformance"]
     help="(--dra) Set in the driver's environment (repeat).",
 )
 @click.option(
+    "--slow-env",
+    multiple=True,
+    metavar="VAR=VALUE",
+    show_default="none: deadline-overlap is skipped",
+    help="(--dra) The driver's own way to slow its prepare, set for the overlap case only "
+    "(repeat).",
+)
+@click.option(
     "--host-root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=Path("/"),
@@ -181,6 +189,7 @@ def _dra_options(
     claim_config: str | None,
     env: tuple[str, ...],
     host_root: Path,
+    slow_env: tuple[str, ...],
 ) -> DraOptions:
     if kubeconfig is not None and k8s_bin is not None:
         raise click.UsageError("--kubeconfig and --k8s-bin exclude each other")
@@ -192,12 +201,7 @@ def _dra_options(
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--claim-config") from exc
         if not isinstance(config, dict):
             raise click.BadParameter("not a JSON object", param_hint="--claim-config")
-    pairs = []
-    for item in env:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not VAR=VALUE", param_hint="--env")
-        pairs.append((name, value))
+    pairs, slow = _pairs(env, "--env"), _pairs(slow_env, "--slow-env")
     return DraOptions(
         command=command,
         log_path=log_path,
@@ -207,9 +211,20 @@ def _dra_options(
         timeout=timeout,
         quick=quick,
         claim_config=config,
-        env=tuple(pairs),
+        env=pairs,
+        slow_env=slow,
         host_root=host_root,
     )
+
+
+def _pairs(items: tuple[str, ...], option: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not VAR=VALUE", param_hint=option)
+        pairs.append((name, value))
+    return tuple(pairs)
 
 
 COMMANDS: list[click.Command] = [conformance]

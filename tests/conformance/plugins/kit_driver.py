@@ -8,6 +8,7 @@ node and publishes it again when someone deletes it; it prepares a claim's devic
 claim's top-level request names with one CDI spec per claim (written again when it is gone),
 refuses a device prepared for another claim, answers per-claim errors, keeps a checkpoint
 for restarts, and on SIGTERM removes its sockets and exits 0. It offers no health stream.
+``$KIT_DRIVER_PREPARE_DELAY`` (seconds) slows every prepare call: the kit's ``--slow-env``.
 
 Run: ``python kit_driver.py --node-name N --kubeconfig F --kubelet-dir D --cdi-dir C
 [--pod-uid U] [--devices 6] [--break FLAG ...]`` (the kubeconfig: a token and a CA file).
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import os
 import signal
 import ssl
 import sys
@@ -38,6 +40,8 @@ from kubedevice._api.pluginregistration.v1 import api_pb2 as reg, api_pb2_grpc a
 
 DRIVER = "kit.example.com"  # short: socket paths stay under 108 bytes
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+#: Seconds each prepare call takes at least (the kit's --slow-env sets it).
+DELAY_ENV = "KIT_DRIVER_PREPARE_DELAY"
 
 #: Each flag reintroduces one bug class that the mutation set of tests/conformance/dra_mutants/
 #: (a driver on kubedevice.dra) does not; tests/conformance/test_dra_kit.py maps each to the
@@ -194,6 +198,7 @@ class Driver:
         """Prepare ``claims`` (devices, or the error, by UID), all under the lock, in a thread:
         a call the kubelet cuts off still finishes and saves before its retry starts."""
         with self.lock:
+            time.sleep(float(os.environ.get(DELAY_ENV) or 0))  # the knob: a slow prepare
             prepared = self.load()
             out: dict[str, list[dict[str, Any]] | str] = {}
             for claim in claims:

@@ -121,6 +121,9 @@ DRA_CASES: Final[tuple[Case, ...]] = (
        "kubelet: cancels at its deadline and retries the pod"),
     _c("deadline-unprepare-retry", M, "an unprepare cut off and retried leaves nothing behind",
        "kubelet: retries unprepare until it succeeds"),
+    _c("deadline-overlap", M, "slowed by the driver's own knob (--slow-env), a prepare cut off "
+       "halfway and retried while the first still runs leaves one result",
+       "kubelet: retries a pod at once after its deadline; the driver may still be working"),
     _c("deadline-within", M, "every call was answered within the kubelet's 45 s",
        "kubelet: NodePrepareResources deadline"),
     # restarts

@@ -77,6 +77,8 @@ class DraOptions:
     claim_config: dict[str, Any] | None = None
     env: tuple[tuple[str, str], ...] = ()
     host_root: Path = Path("/")
+    #: Set only for the overlap case: how the driver lets itself be slowed (VAR=VALUE).
+    slow_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -144,8 +146,10 @@ class DraContext:
 
     # ---- the driver process
 
-    def new_instance(self, pod_uid: str | None = None) -> Instance:
-        """A driver process (not started) with its own pod UID."""
+    def new_instance(
+        self, pod_uid: str | None = None, extra_env: dict[str, str] | None = None
+    ) -> Instance:
+        """A driver process (not started) with its own pod UID (and ``extra_env``)."""
         pod_uid = pod_uid or str(uuid.uuid4())
         templates = {
             "{node}": self.node,
@@ -156,7 +160,7 @@ class DraContext:
             "{cdi_dir}": str(self.cdi.path),
             "{pod_uid}": pod_uid,
         }
-        env = {"NODE_NAME": self.node, **dict(self.opts.env)}
+        env = {"NODE_NAME": self.node, **dict(self.opts.env), **(extra_env or {})}
         if self.driver_kubeconfig is not None:
             env["KUBECONFIG"] = str(self.driver_kubeconfig)
         proc = PluginProcess(

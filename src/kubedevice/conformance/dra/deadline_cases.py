@@ -18,9 +18,11 @@ from kubedevice.conformance.dra import claims as c
 from kubedevice.conformance.dra.context import DraContext, fmt
 from kubedevice.conformance.dra.fixtures import Request
 from kubedevice.conformance.dra.kubelet import CLAIM_CALL_S
+from kubedevice.conformance.dra.restart_cases import restart
+from kubedevice.conformance.dra.slices import PublishedDevice
 from kubedevice.conformance.report import Outcome
 
-__all__ = ["check_deadlines", "check_within"]
+__all__ = ["check_deadlines", "check_overlap", "check_within"]
 
 #: Where calls are cut off, as fractions of the driver's median answer time.
 _CUTS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -87,3 +89,49 @@ def check_within(ctx: DraContext) -> None:
     slowest = max(x.seconds for x in full)
     ctx.check("deadline-within", f"{len(late)} calls ran into the deadline: {late[:2]}"
               if late else "", f"{len(full)} calls, slowest {fmt(slowest)}")  # fmt: skip
+
+
+async def check_overlap(ctx: DraContext) -> None:
+    """With the driver slowed by its own knob (``--slow-env``): cut a prepare off halfway and
+    retry at once, while the driver still works on the first; one result, nothing left."""
+    if not ctx.opts.slow_env:
+        ctx.skip(["deadline-overlap"], "no --slow-env given (the driver's way to slow a prepare)")
+        return
+    d = ctx.fixtures.take(ctx.devices(), 2)
+    if len(d) < 2:
+        ctx.skip(["deadline-overlap"], ctx.why_no_device())
+        return
+    started = time.monotonic()
+    problem = await restart(ctx, env=dict(ctx.opts.slow_env))
+    if not problem:
+        problem = await _overlap(ctx, d)
+    ctx.check("deadline-overlap", problem, "a cut-off prepare and its retry at once: one result",
+              started)  # fmt: skip
+    ctx.fixtures.used.difference_update((x.pool, x.name) for x in d)
+    await restart(ctx, env={})  # the driver as the run started it
+
+
+async def _overlap(ctx: DraContext, d: list[PublishedDevice]) -> str:
+    timed = await c.make(ctx, [Request("req-0", d[0])])
+    t = time.monotonic()
+    answer = c.answer_of(await c.prepare(ctx, [timed]), timed)
+    slow_s = time.monotonic() - t
+    await c.unprepare(ctx, [timed])
+    if isinstance(answer, str) or answer.error:
+        return f"a slowed prepare failed: {answer}"
+    claim = await c.make(ctx, [Request("req-0", d[1])])
+    before = ctx.cdi.ids()
+    with contextlib.suppress(Exception):  # cut off halfway on purpose
+        await ctx.client().prepare([claim.ref], version=ctx.learned.version, limit=slow_s / 2)
+    answer = c.answer_of(await c.prepare(ctx, [claim]), claim)
+    problem = c.answer_problem(claim, answer)
+    if not problem and not isinstance(answer, str):
+        extra = ctx.cdi.ids() - before - c.cdi_ids([answer])
+        problem = f"CDI devices beyond the answer: {sorted(extra)[:2]}" if extra else ""
+    errors = await c.unprepare(ctx, [claim])
+    left = ctx.cdi.ids() - before
+    if not problem and (isinstance(errors, str) or errors.get(claim.uid) or left):
+        problem = f"after the unprepare ({errors}): left {sorted(left)[:2]}"
+    return (
+        f"prepare slowed to {fmt(slow_s)}, cut at {fmt(slow_s / 2)}: {problem}" if problem else ""
+    )

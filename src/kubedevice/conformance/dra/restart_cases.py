@@ -19,12 +19,15 @@ from kubedevice.conformance.report import Outcome
 __all__ = ["check_restarts", "restart"]
 
 
-async def restart(ctx: DraContext, *, wipe: bool = False) -> str:
+async def restart(ctx: DraContext, *, wipe: bool = False, env: dict[str, str] | None = None) -> str:
     """SIGKILL the driver (and what it started), optionally wipe the CDI dir, start it again
-    and wait for its registration; "" or what went wrong."""
+    (with ``env`` added, when given; with the run's own environment again for ``{}``) and
+    wait for its registration; "" or what went wrong."""
     await ctx.proc.kill()
     if wipe:
         ctx.cdi.wipe()
+    if env is not None:
+        ctx.instance = ctx.new_instance(ctx.instance.pod_uid, env)
     t = time.monotonic()
     await ctx.start()
     got = await ctx.wait(lambda: bool(ctx.watcher.ok(t)) or not ctx.proc.alive, ctx.cap(START_S))

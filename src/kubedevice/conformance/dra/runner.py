@@ -21,7 +21,11 @@ from pathlib import Path
 from kubedevice.conformance.dra.apiserver import LocalApiServer
 from kubedevice.conformance.dra.catalogue import DRA_CASES
 from kubedevice.conformance.dra.context import DraContext, DraOptions
-from kubedevice.conformance.dra.deadline_cases import check_deadlines, check_within
+from kubedevice.conformance.dra.deadline_cases import (
+    check_deadlines,
+    check_overlap,
+    check_within,
+)
 from kubedevice.conformance.dra.health_cases import check_health
 from kubedevice.conformance.dra.kube import ApiError, KubeClient
 from kubedevice.conformance.dra.prepare_cases import check_prepare
@@ -62,10 +66,13 @@ async def _phases(ctx: DraContext) -> None:
     await check_reregistration(ctx)
     if ctx.opts.quick:
         ctx.skip(["restart-reregisters", "restart-same-answer", "restart-unprepare",
-                  "reboot-specs-back", "upgrade-side-by-side", "health-reconnect"],
+                  "reboot-specs-back", "upgrade-side-by-side", "health-reconnect",
+                  "deadline-overlap"],
                  "--quick")  # fmt: skip
     elif ctx.usable():
         await check_restarts(ctx, first)
+        if ctx.usable():
+            await check_overlap(ctx)
     await check_sigterm(ctx)
 
 
