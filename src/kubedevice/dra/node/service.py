@@ -51,6 +51,7 @@ from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.dra.state.handover import SharedClaims
 from kubedevice.dra.state.lock import ClaimsLock
 from kubedevice.dra.state.saver import CheckpointSaver
+from kubedevice.dra.state.threads import in_thread
 from kubedevice.errors import (
     ClaimError,
     ConfigError,
@@ -580,10 +581,11 @@ def _answer(prepared: PreparedClaim) -> v1.NodePrepareResourceResponse:
 
 
 async def _call_hook(hook: Callable[[Any], Any], argument: Any) -> Any:
-    """Await an ``async def`` hook; run a plain one in a thread."""
+    """Await an ``async def`` hook; run a plain one in a thread (a daemon thread: one that
+    never returns holds neither the process at its exit nor the kit's own thread work)."""
     if inspect.iscoroutinefunction(hook):
         return await hook(argument)
-    result = await asyncio.to_thread(hook, argument)
+    result = await in_thread(hook, argument)
     if inspect.isawaitable(result):
         return await result
     return result

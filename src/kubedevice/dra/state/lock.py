@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kubedevice._regular_file import NotRegularFileError, open_regular
+from kubedevice.dra.state.threads import in_thread
 from kubedevice.errors import InstanceLockError
 
 __all__ = [
@@ -277,9 +278,8 @@ class ClaimsLock:
         except BlockingIOError:
             self.waits += 1
             log.debug("waiting for %s (%s)", self.path, _describe(_read(fd)))
-            taking = asyncio.get_running_loop().run_in_executor(
-                None, fcntl.flock, fd, fcntl.LOCK_EX
-            )
+            # a daemon thread: one still waiting at exit does not hold the process
+            taking = asyncio.ensure_future(in_thread(fcntl.flock, fd, fcntl.LOCK_EX))
             try:
                 await asyncio.shield(taking)
             except asyncio.CancelledError:
