@@ -63,6 +63,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from _common import cpu_model, pct  # noqa: E402
 
+from kubedevice.errors import KubeApiError  # noqa: E402
+
 GPU_DRIVER = "gpu.kubedevice.io"
 DEV_DRIVER = "dev.kubedevice.io"
 PREFIX = "fleet-"
@@ -316,26 +318,46 @@ class PodWatch:
         self.bound: dict[str, float] = {}
         self.changed = threading.Condition()
         self.error: str | None = None
-        self._conn = plane.connection(None)
-        self._conn.request("GET", f"/api/v1/namespaces/{ns}/pods?watch=1", headers=plane.headers)
-        self._response = self._conn.getresponse()
+        #: times the API server ended the watch (a slow reader is cut off) and it was made again
+        #: from the last version seen (what came meanwhile is then seen late)
+        self.rewatches = 0
+        self._plane, self._ns = plane, ns
+        self._closed = False
+        self._version = ""
+        self._conn = self._open()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
+    def _open(self) -> http.client.HTTPSConnection:
+        conn = self._plane.connection(None)
+        path = f"/api/v1/namespaces/{self._ns}/pods?watch=1&resourceVersion={self._version}"
+        conn.request("GET", path, headers=self._plane.headers)
+        self._response = conn.getresponse()
+        return conn
+
     def _read(self) -> None:
         try:
-            while line := self._response.readline():
-                now = time.monotonic()
-                if not line.strip():
-                    continue
-                obj = json.loads(line).get("object", {})
-                name = obj.get("metadata", {}).get("name")
-                if obj.get("spec", {}).get("nodeName") and name not in self.bound:
-                    with self.changed:
-                        self.bound[name] = now
-                        self.changed.notify_all()
+            while True:
+                while line := self._response.readline():
+                    now = time.monotonic()
+                    if not line.strip():
+                        continue
+                    obj = json.loads(line).get("object", {})
+                    meta = obj.get("metadata", {})
+                    self._version = meta.get("resourceVersion", self._version)
+                    name = meta.get("name")
+                    if obj.get("spec", {}).get("nodeName") and name not in self.bound:
+                        with self.changed:
+                            self.bound[name] = now
+                            self.changed.notify_all()
+                if self._closed:
+                    return
+                self.rewatches += 1
+                self._conn.close()
+                self._conn = self._open()
         except Exception as exc:  # closed by close(), or broken
-            self.error = f"{type(exc).__name__}: {exc}"
+            if not self._closed:
+                self.error = f"{type(exc).__name__}: {exc}"
 
     def wait(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -344,6 +366,7 @@ class PodWatch:
                 self.changed.wait(1)
 
     def close(self) -> None:
+        self._closed = True
         sock = self._conn.sock
         if sock is not None:  # the reader's recv returns at once
             with contextlib.suppress(OSError):
@@ -358,6 +381,15 @@ def schedule(
     """``pods`` pods (each its own claim of ``claim``'s spec, or extended resources
     ``limits``), created held by a scheduling gate, then released at once."""
     plane.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    deadline = time.monotonic() + 60
+    while True:  # pods are admitted once the namespace has its default ServiceAccount
+        try:
+            plane.call("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+            break
+        except KubeApiError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     names = [f"p{i:05d}" for i in range(pods)]
 
     def create(name: str) -> None:
@@ -400,12 +432,19 @@ def schedule(
     t0 = time.monotonic()
     parallel(release, names)
     watch.wait(pods, timeout=60 + pods * 0.5)
-    error = watch.error
+    error, rewatches = watch.error, watch.rewatches
     watch.close()
     bound = {n: t for n, t in watch.bound.items() if n in released}
     latencies = [(bound[n] - released[n]) * 1000 for n in bound]
     end = max(bound.values(), default=t0)
+    why: list[str] = []
+    if len(bound) < pods:  # the scheduler's word on one pod left
+        left = sorted(set(names) - set(bound))[0]
+        pod = plane.call("GET", f"/api/v1/namespaces/{ns}/pods/{left}")
+        why = [json.dumps(c)[:600] for c in pod.get("status", {}).get("conditions") or []]
+        why.append(json.dumps(pod.get("spec", {}).get("schedulingGates")))
     return {
+        **({"unbound_why": why} if why else {}),
         "pods": pods,
         "bound": len(bound),
         "pods_per_s": round(len(bound) / (end - t0), 1) if bound else 0,
@@ -413,6 +452,7 @@ def schedule(
         "release_to_bound_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
         "release_to_bound_ms_p99": round(pct(latencies, 0.99), 1) if latencies else None,
         **({"watch_error": error} if error else {}),
+        **({"pod_rewatches": rewatches} if rewatches else {}),
     }
 
 
