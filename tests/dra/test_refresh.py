@@ -98,3 +98,51 @@ async def test_what_refresh_remakes_replaces_the_entry_and_the_spec(
         assert _data(kdir, ref[2]) == [{"generation": 3}]
     assert len(driver.prepared) == 1
     assert restarted.prepared == []
+
+
+async def test_a_refresh_answer_of_the_wrong_type_fails_the_claim_not_the_start(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """A refresh answer whose entry has no edits (``None``) or no device is that claim's
+    error in one line, at start (the driver still starts) and before an answer."""
+    claim = create_claim(
+        api, "default", f"rfbad-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = ("default", f"rfbad-{node_name}", claim["metadata"]["uid"])
+    driver = RemakingDriver(gpus(1))
+    async with server(driver, kdir, kubeconfig, node_name):
+        assert (await clients.prepare(_sock(kdir), [ref])).claims[ref[2]].error == ""
+    for wrong in (
+        dra.PreparedDevice(dra.AllocatedDevice("gpu", node_name, "gpu-0", None), None, {}),  # type: ignore[arg-type]
+        dra.PreparedDevice(None, dra.ContainerEdits(), {}),  # type: ignore[arg-type]
+    ):
+        restarted = RemakingDriver(gpus(1))
+        restarted.answer = [wrong]
+        async with server(restarted, kdir, kubeconfig, node_name):  # it starts
+            assert restarted.asked == [ref[2]]
+            answer = (await clients.prepare(_sock(kdir), [ref])).claims[ref[2]]
+            assert answer.error.startswith("the refresh hook returned"), answer.error
+        assert _data(kdir, ref[2]) == [{"generation": 1}]  # the entry stays
+
+
+async def test_a_prepare_answer_without_edits_is_undone_and_named(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    claim = create_claim(
+        api, "default", f"pbad-{node_name}", results=[result("gpu", DRIVER, node_name, "gpu-0")]
+    )
+    ref = ("default", f"pbad-{node_name}", claim["metadata"]["uid"])
+
+    class NoEdits(FakeDriver):
+        async def prepare(self, claim: dra.Claim) -> Sequence[dra.PreparedDevice]:
+            self.prepared.append(claim)
+            return [dra.PreparedDevice(d, None, {}) for d in claim.devices]  # type: ignore[arg-type]
+
+    driver = NoEdits(gpus(1))
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        answer = (await clients.prepare(_sock(kdir), [ref])).claims[ref[2]]
+        assert answer.error.startswith("the prepare hook returned"), answer.error
+        assert "edits" in answer.error
+        assert len(driver.unprepared) == 1  # what the hook did is undone at once
+        assert srv.claims is not None
+        assert ref[2] not in srv.claims.checkpoint.preparing

@@ -14,11 +14,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubedevice.dra.driver import Driver
-from kubedevice.dra.model.types import PreparedClaim, PreparedDevice
+from kubedevice.dra.model.types import (
+    AllocatedDevice,
+    ContainerEdits,
+    PreparedClaim,
+    PreparedDevice,
+)
 from kubedevice.dra.state.cdi import cdi_edits
 from kubedevice.errors import ClaimError
 
-__all__ = ["ask_refresh", "merge_refresh"]
+__all__ = ["ask_refresh", "check_prepared_device", "merge_refresh"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,28 @@ async def ask_refresh(
     return merged
 
 
+def check_prepared_device(item: Any, what: str) -> PreparedDevice:
+    """``item`` of a hook's answer (``what``: "the prepare hook"), if it is a
+    :class:`PreparedDevice` of an :class:`AllocatedDevice` with :class:`ContainerEdits`.
+
+    Raises:
+        ClaimError: It is not (one line naming what it is).
+    """
+    if not isinstance(item, PreparedDevice):
+        raise ClaimError(f"{what} returned {type(item).__name__}, not PreparedDevice")
+    if not isinstance(item.device, AllocatedDevice):
+        raise ClaimError(
+            f"{what} returned a PreparedDevice whose device is {type(item.device).__name__}, "
+            "not the AllocatedDevice of the claim"
+        )
+    if not isinstance(item.edits, ContainerEdits):
+        raise ClaimError(
+            f"{what} returned device {item.device.name} with edits "
+            f"{type(item.edits).__name__}, not ContainerEdits"
+        )
+    return item
+
+
 def merge_refresh(
     prepared: PreparedClaim,
     answer: Any,
@@ -83,8 +110,7 @@ def merge_refresh(
     for i, item in enumerate(answer):
         if item is None:
             continue
-        if not isinstance(item, PreparedDevice):
-            raise ClaimError(f"{what} returned {type(item).__name__}, not PreparedDevice")
+        item = check_prepared_device(item, what)
         request, _pool, name = prepared.devices[i]
         if (item.device.request, item.device.name) != (request, name):
             raise ClaimError(

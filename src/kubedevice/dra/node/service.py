@@ -43,7 +43,7 @@ from kubedevice.dra.model.types import (
     PreparedDevice,
 )
 from kubedevice.dra.node.inflight import InFlight
-from kubedevice.dra.node.refresh import ask_refresh
+from kubedevice.dra.node.refresh import ask_refresh, check_prepared_device
 from kubedevice.dra.node.released import CALL_DEADLINE, Releases
 from kubedevice.dra.node.rules import check_claim
 from kubedevice.dra.state.cdi import CdiWriter, cdi_edits
@@ -523,8 +523,7 @@ def _check_prepared(claim: Claim, results: Any) -> list[PreparedDevice]:
     allocated = {(d.request, d.name) for d in claim.devices}
     out: list[PreparedDevice] = []
     for item in results:
-        if not isinstance(item, PreparedDevice):
-            raise ClaimError(f"the prepare hook returned {type(item).__name__}, not PreparedDevice")
+        item = check_prepared_device(item, "the prepare hook")
         if (item.device.request, item.device.name) not in allocated:
             raise ClaimError(
                 f"the prepare hook returned device {item.device.name} (request "
