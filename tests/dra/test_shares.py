@@ -23,6 +23,7 @@ from dra.fakes import DRIVER, FakeDriver, gpus, server
 from kubedevice.dra.model.capacity import RequestPolicy, quantity_value
 from kubedevice.dra.state.checkpoint import Checkpoint
 from kubedevice.errors import ConfigError
+from kubedevice.nvidia.dra.shares import share_bytes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -105,6 +106,20 @@ def test_a_policy_needs_multiple_allocations_and_a_capacity_of_that_name() -> No
 )
 def test_quantities_are_compared_exactly(text: str | int, value: float) -> None:
     assert quantity_value(text) == value
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text", ["1e999999999", "9" * 5000, "0." + "0" * 5000 + "1", "1e65"])
+def test_a_quantity_too_large_to_compute_is_refused_in_one_line(text: str) -> None:
+    """Not a ValueError from int() past 4300 digits, nor minutes of CPU and gigabytes
+    computing 10**999999999 exactly (a memory share, a capacity in a driver's config)."""
+    with pytest.raises(ConfigError, match=r"is out of range for a Kubernetes quantity$"):
+        quantity_value(text)
+    allocated = dra.AllocatedDevice(
+        "gpu", "n", "gpu-0", None, share_id="0a0a0a0a-0000-4000-8000-000000000000",
+        consumed_capacity={"memory": text},
+    )  # fmt: skip
+    assert share_bytes(allocated) is None  # the share's size is unknown: logged
 
 
 def test_the_api_server_agrees_with_every_verdict(api: Api, node_name: str) -> None:

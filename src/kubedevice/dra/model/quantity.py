@@ -21,6 +21,11 @@ _PATTERN: Final = re.compile(
     r"^(?P<sign>[+-]?)(?P<int>\d*)(?:\.(?P<frac>\d*))?"
     r"(?:(?P<bin>[KMGTPE]i)|(?P<dec>[numkMGTPE])|[eE](?P<exp>[+-]?\d+))?$"
 )
+#: Digits and exponent a quantity may have: far past what the API server keeps (2^63 - 1
+#: nano units) and short of what would take this process seconds and memory to compute
+#: exactly ("1e999999999" is a number of a billion digits).
+_MAX_DIGITS: Final = 64
+_MAX_EXPONENT: Final = 64
 _BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL: Final = {
     "n": -9,
@@ -42,14 +47,22 @@ def _parse(text: str) -> tuple[Fraction, str, bool]:
     """``text``'s exact value, its kind of suffix (binary, decimal, exponent) and its sign."""
     match = _PATTERN.match(text.strip())
     if match is None or not (match["int"] or match["frac"]):
-        raise ConfigError(f"{text!r} is not a Kubernetes quantity (like 80Gi)")
+        raise ConfigError(f"{text[:40]!r} is not a Kubernetes quantity (like 80Gi)")
     digits = (match["int"] or "") + (match["frac"] or "")
+    exp_digits = (match["exp"] or "").lstrip("+-").lstrip("0")
+    if (
+        len(digits) > _MAX_DIGITS
+        or len(exp_digits) > 2
+        or (exp_digits and int(exp_digits) > _MAX_EXPONENT)
+    ):
+        raise ConfigError(f"{text[:40]!r} is out of range for a Kubernetes quantity")
     value = Fraction(int(digits or "0"), 10 ** len(match["frac"] or ""))
     if match["bin"]:
         value *= 2 ** _BINARY[match["bin"]]
         kind = "binary"
     elif match["exp"] is not None:
-        value *= Fraction(10) ** int(match["exp"])
+        exponent = int(exp_digits or "0")
+        value *= Fraction(10) ** (-exponent if match["exp"].startswith("-") else exponent)
         kind = "exponent"
     else:
         value *= Fraction(10) ** _DECIMAL[match["dec"] or ""]
