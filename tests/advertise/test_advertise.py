@@ -286,6 +286,25 @@ def test_dry_run_runs_no_credential_plugin_and_writes_nothing(
     assert api.gets == 0
 
 
+@pytest.mark.parametrize("kind", ["fifo", "nested", "laughs"])
+def test_a_dry_run_reads_a_hostile_kubeconfig_in_one_line(tmp_path: Path, kind: str) -> None:
+    """Before: a FIFO hung the dry run, deep nesting was a RecursionError traceback."""
+    kubeconfig = tmp_path / "kubeconfig"
+    if kind == "fifo":
+        os.mkfifo(kubeconfig)
+    elif kind == "nested":
+        kubeconfig.write_text("x: " + "{a: " * 20_000 + "1" + "}" * 20_000 + "\n")
+    else:
+        kubeconfig.write_text(
+            "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))
+        )
+    proc = _advertise(tmp_path, "--kubeconfig", str(kubeconfig), "--dry-run", "n1", "a.io/b=1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: cannot read kubeconfig {kubeconfig}: "), proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
 def test_dry_run_needs_no_credentials_at_all(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(

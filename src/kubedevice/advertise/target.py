@@ -9,10 +9,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from kubedevice.errors import ConfigError
 from kubedevice.kubeconfig import resolve_kubeconfig
+from kubedevice.yamlfile import read_yaml
 
 __all__ = ["IN_CLUSTER_TOKEN", "NO_CLUSTER", "Target", "kubeconfig_path", "read_target"]
 
@@ -87,11 +86,9 @@ def read_target(kubeconfig: str | None, context: str | None, *, dry_run: bool = 
             f"Bearer <the token in {IN_CLUSTER_TOKEN}>",
         )
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"cannot read kubeconfig {path}: {first}") from None
+        doc = read_yaml(path)  # bounded: a FIFO, a huge file or an alias bomb is one line
+    except ConfigError as exc:
+        raise ConfigError(f"cannot read kubeconfig {exc}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"kubeconfig {path}: not a kubeconfig (expected a map)")
     name = context or doc.get("current-context")

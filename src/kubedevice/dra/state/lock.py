@@ -104,13 +104,7 @@ class InstanceLock:
         """
         if self._fd is not None:
             return
-        try:
-            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-            fd = _open(self.path)
-        except NotRegularFileError as exc:
-            raise InstanceLockError(refusal(self.path, exc)) from None
-        except OSError as exc:
-            raise InstanceLockError(f"cannot open the lock file {self.path}: {exc}") from None
+        fd = _open_lock(self.path)
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -180,13 +174,7 @@ class PodLock:
         if self._fd is not None:
             return
         for _ in range(8):  # again only when a holder letting go removed the file meanwhile
-            try:
-                self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-                fd = _open(self.path)
-            except NotRegularFileError as exc:
-                raise InstanceLockError(refusal(self.path, exc)) from None
-            except OSError as exc:
-                raise InstanceLockError(f"cannot open the lock file {self.path}: {exc}") from None
+            fd = _open_lock(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -317,6 +305,21 @@ def _open(path: Path) -> int:
         OSError: It cannot be opened.
     """
     return open_regular(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+def _open_lock(path: Path) -> int:
+    """:func:`_open` for a lock held for the process life, its directory made first.
+
+    Raises:
+        InstanceLockError: It is not a regular file, or cannot be opened (one line).
+    """
+    try:
+        path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        return _open(path)
+    except NotRegularFileError as exc:
+        raise InstanceLockError(refusal(path, exc)) from None
+    except OSError as exc:
+        raise InstanceLockError(f"cannot open the lock file {path}: {exc}") from None
 
 
 def _write_holder(fd: int) -> None:
