@@ -55,6 +55,27 @@ async def _next(gen: AsyncIterator[Sequence[Device]]) -> dict[str, Device]:
     return {d.name: d for d in devices}
 
 
+async def test_only_the_profiles_the_config_names_are_offered(gpu_host: Any) -> None:
+    """``dra.migOnDemandProfiles``: each GPU is the whole GPU and the placements of the named
+    profiles only (10 devices instead of 26), still consuming the GPU's counters."""
+    from kubedevice.nvidia.config import parse_config
+
+    host = gpu_host("dgx-8gpu-mig")
+    dra = {"migOnDemand": True, "migOnDemandProfiles": ["1g.10gb", "3g.40gb"]}
+    config = parse_config({"version": "v1", "dra": dra})
+    config = config.with_overrides(dev_root=str(host.dev), sys_root=str(host.sys))
+    driver = GpuDraDriver(config, host.nvml)
+    gen = driver.devices()
+    try:
+        devices = await _next(gen)
+    finally:
+        await gen.aclose()
+    assert len(devices) == 8 * (1 + 7 + 2)
+    assert {d.attributes.get("profile") for d in devices.values()} == {None, "1g.10gb", "3g.40gb"}
+    assert len(driver.counter_sets()) == 8
+    check_counters(list(devices.values()), driver.counter_sets())
+
+
 async def test_every_placement_of_every_profile_consumes_the_gpus_counters(gpu_host: Any) -> None:
     host = gpu_host("dgx-8gpu-mig")
     driver = GpuDraDriver(_config(host), host.nvml)

@@ -319,6 +319,9 @@ class DraConfig(Model):
     #: MIG profile, all consuming the GPU's counters; a MIG device is made when a claim
     #: is prepared and destroyed when it is unprepared (``--mig-on-demand``).
     mig_on_demand: bool = False
+    #: MIG on demand: the profiles offered (``[1g.10gb, 3g.40gb]``); empty: every profile
+    #: NVML reports (26 devices per H100). Fewer devices per node for the scheduler to weigh.
+    mig_on_demand_profiles: list[str] = field(default_factory=list)
     #: Whole GPUs shared by memory (consumable capacity): see :class:`MemoryShares`.
     memory_shares: MemoryShares = field(default_factory=MemoryShares)
     #: Memory shares enforced by MPS: a control daemon per GPU with shares, each share's

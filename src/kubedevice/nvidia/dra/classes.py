@@ -100,7 +100,9 @@ def node_mig_profiles(config: Config, backend: NvmlBackend) -> list[str]:
         hw = enumerate_hardware(backend, fail_on_init_error=config.flags.fail_on_init_error)
         profiles = [m.profile for g in hw.gpus if g.mig_enabled for m in hw.mig.get(g.uuid, ())]
         if config.dra.mig_on_demand:
-            for offered in partitionable(backend, hw.gpus).values():
+            for offered in partitionable(
+                backend, hw.gpus, config.dra.mig_on_demand_profiles
+            ).values():
                 profiles.extend(p.name for p in offered if _is_resource(_MIG_PREFIX + p.name))
     finally:
         backend.shutdown()

@@ -182,7 +182,9 @@ class GpuDraDriver(Driver):
         """MIG on demand: each partitionable GPU's devices become the whole GPU and every
         placement of every profile, with the GPU's counter set (blocking)."""
         hw = self.hardware
-        parts = ondemand.partitionable(self.backend, hw.gpus)
+        parts = ondemand.partitionable(
+            self.backend, hw.gpus, self.config.dra.mig_on_demand_profiles
+        )
         if not parts:
             log.warning("MIG on demand: no GPU in MIG mode whose MIG devices can be made")
             return devices

@@ -203,17 +203,22 @@ def on_demand_devices(
 
 
 def partitionable(
-    backend: NvmlBackend, gpus: Iterable[GpuInfo]
+    backend: NvmlBackend, gpus: Iterable[GpuInfo], only: Sequence[str] = ()
 ) -> dict[str, list[GpuInstanceProfile]]:
-    """GPU UUID -> its MIG profiles, for the GPUs in MIG mode whose instances the backend
-    can make and whose MIG devices are all instances it lists (blocking)."""
+    """GPU UUID -> its MIG profiles (those named in ``only``, when given), for the GPUs in
+    MIG mode whose instances the backend can make and whose MIG devices are all instances
+    it lists (blocking)."""
     if not isinstance(backend, MigPartitioning):
         return {}
     out: dict[str, list[GpuInstanceProfile]] = {}
     for gpu in gpus:
         if not gpu.mig_enabled:
             continue
-        profiles = [p for p in backend.gpu_instance_profiles(gpu.uuid) if p.placements]
+        profiles = [
+            p
+            for p in backend.gpu_instance_profiles(gpu.uuid)
+            if p.placements and (not only or p.name in only)
+        ]
         if not profiles:
             continue
         listed = {d.uuid for gi in backend.gpu_instances(gpu.uuid) for d in gi.devices}
