@@ -375,12 +375,18 @@ class DriverServer:
         """Another instance's socket appeared (it started after this one: a rolling
         upgrade) or went: the newest instance alone writes the slices."""
         s = self.settings
-        uids = self._newer | ({uid} if uid else set())
-        self._newer = {
-            u for u in uids if _is_socket(dra_socket_path(s.kubelet_dir, s.driver_name, u))
-        }
-        if self.publisher is not None:
-            self.publisher.recheck()
+        # one socket looked at per event (all of them only when events were lost): a
+        # thousand sockets appearing cost a thousand looks, not half a million
+        before = len(self._newer)
+        for u in [uid] if uid else list(self._newer):
+            if _is_socket(dra_socket_path(s.kubelet_dir, s.driver_name, u)):
+                self._newer.add(u)
+            else:
+                self._newer.discard(u)
+        if self.publisher is not None and (
+            uid is None or uid in self._newer or len(self._newer) != before
+        ):
+            self.publisher.recheck()  # also when its registration socket came
 
     async def _newer_serving(self) -> bool:
         """Whether a newer instance of this driver serves (:func:`serves_as`: a socket left
