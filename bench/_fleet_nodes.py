@@ -4,7 +4,8 @@ Each node gets what a driver's ``DriverServer`` runs for it: its own
 :class:`~kubedevice.dra.api.kube.KubeClient` and
 :class:`~kubedevice.dra.api.slices.SlicePublisher`, publishing the devices the driver
 itself builds (the GPU DRA driver on fake NVML ``dgx-8gpu``, or ``dgx-8gpu-mig`` with MIG on
-demand; the ``/dev`` driver on a fake tree of 1,000 nodes) and watching its slices as on a
+demand, every profile or only 1g.10gb and 3g.40gb; the ``/dev`` driver on a fake tree of 1,000
+nodes) and watching its slices as on a
 real node. Nothing of the publishing or watching is copied here: the same classes run.
 
 Usage: ``python bench/_fleet_nodes.py KUBECONFIG LAYOUT PREFIX FIRST COUNT``. One JSON line
@@ -42,7 +43,7 @@ async def layout_devices(
 ) -> tuple[str, Sequence[Device], Sequence[CounterSet]]:
     """The driver name, devices and counter sets the layout's driver builds (its first
     device list, as ``DriverServer`` takes it)."""
-    if layout in ("gpu", "mig"):
+    if layout in ("gpu", "mig", "mig-few"):
         from kubedevice.nvidia.config import Config
         from kubedevice.nvidia.dra import GpuDraDriver
         from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
@@ -54,8 +55,9 @@ async def layout_devices(
         config = Config(version="v1").with_overrides(
             dev_root=str(root / "dev"), sys_root=str(root / "sys")
         )
-        if layout == "mig":
-            dra = dataclasses.replace(config.dra, mig_on_demand=True)
+        if layout != "gpu":
+            few = ["1g.10gb", "3g.40gb"] if layout == "mig-few" else []
+            dra = dataclasses.replace(config.dra, mig_on_demand=True, mig_on_demand_profiles=few)
             config = dataclasses.replace(config, dra=dra)
         driver: Any = GpuDraDriver(config, nvml)
     elif layout == "dev":
@@ -65,7 +67,7 @@ async def layout_devices(
         cfg = write_generic_config(root, "fleet", (f"d{i}" for i in range(DEV_DEVICES)))
         driver = GenericDraDriver(load_config(cfg))
     else:
-        raise SystemExit(f"layout {layout!r}: use gpu, mig or dev")
+        raise SystemExit(f"layout {layout!r}: use gpu, mig, mig-few or dev")
     snapshots = driver.devices()
     devices = tuple(await anext(snapshots))
     sets = tuple(driver.counter_sets())

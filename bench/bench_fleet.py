@@ -9,6 +9,8 @@ slices (see that file). Layouts:
 
 * ``gpu``: 8 GPUs as the GPU DRA driver publishes them (fake NVML ``dgx-8gpu``);
 * ``mig``: the same with MIG on demand (``dgx-8gpu-mig``: 208 devices, 8 counter sets);
+* ``mig-few``: MIG on demand offering only 1g.10gb and 3g.40gb (``dra.migOnDemandProfiles``:
+  80 devices, 8 counter sets);
 * ``dev``: 1,000 ``/dev`` devices, as the ``/dev`` DRA driver publishes them;
 * ``plugin``: the device plugin's way: ``nvidia.com/gpu: 8`` in each Node's allocatable
   (the plugin itself never calls the API server; the kubelet's node status carries it).
@@ -30,7 +32,7 @@ Also the RSS of one real driver process (``kubedevice nvidia dra`` on fake NVML)
 many would fit on this machine.
 
 Usage: ``python bench/bench_fleet.py [--quick] [--nodes 10,100,1000] [--layouts
-gpu,mig,dev,plugin] [--quiet-s 60] [--pods 300] [--workers 2]``. ``--quick``: N=10, the gpu
+gpu,mig,mig-few,dev,plugin] [--quiet-s 60] [--pods 300] [--workers 2]``. ``--quick``: N=10, the gpu
 and plugin layouts, a 10 s quiet window, no real driver process (the CI test's mode).
 """
 
@@ -487,7 +489,7 @@ def scheduling(plane: Plane, layout: str, n: int, pods: int) -> dict[str, Any]:
         }
     }
     out["2-gpu-matchAttribute-pcieRoot"] = schedule(plane, "pair", min(pods, n), pair, None)
-    if layout == "mig":
+    if layout.startswith("mig"):
         device_class(
             plane, "fleet-1g", f'device.driver == "{GPU_DRIVER}" && {attr}.profile == "1g.10gb"'
         )
@@ -649,7 +651,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--nodes", default="10,100,1000")
-    parser.add_argument("--layouts", default="gpu,mig,dev,plugin")
+    parser.add_argument("--layouts", default="gpu,mig,mig-few,dev,plugin")
     parser.add_argument("--quiet-s", type=float, default=60)
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
