@@ -166,12 +166,13 @@ class Plane:
             text = r.read().decode()
         return sum(v for _, v in metrics(text, "etcd_mvcc_db_total_size_in_use_in_bytes"))
 
-    def proc(self) -> tuple[float, float]:
-        """The API server's CPU seconds so far and RSS (MB)."""
-        fields = Path(f"/proc/{self.api_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    def proc(self, name: str = "kube-apiserver") -> tuple[float, float]:
+        """A component's CPU seconds so far and RSS (MB)."""
+        pid = self.cluster.procs[name].pid
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         rss = 0.0
-        for line in Path(f"/proc/{self.api_pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024
         return cpu, rss
@@ -440,11 +441,15 @@ def schedule(
     latencies = [(bound[n] - released[n]) * 1000 for n in bound]
     end = max(bound.values(), default=t0)
     why: list[str] = []
-    if len(bound) < pods:  # the scheduler's word on one pod left
+    if len(bound) < pods:  # the scheduler's word on one pod left; then none left to queue
         left = sorted(set(names) - set(bound))[0]
         pod = plane.call("GET", f"/api/v1/namespaces/{ns}/pods/{left}")
         why = [json.dumps(c)[:600] for c in pod.get("status", {}).get("conditions") or []]
-        why.append(json.dumps(pod.get("spec", {}).get("schedulingGates")))
+        plane.call(
+            "DELETE",
+            f"/api/v1/namespaces/{ns}/pods",
+            {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0},
+        )
     return {
         **({"unbound_why": why} if why else {}),
         "pods": pods,
@@ -635,7 +640,10 @@ def run_case(
             }
             wait_watches(plane, before["watches"]["open"] + n)
         if args.pods:
+            cpu0, _ = plane.proc("kube-scheduler")
             out["scheduler"] = scheduling(plane, layout, n, args.pods)
+            cpu1, rss = plane.proc("kube-scheduler")
+            out["scheduler_cpu_s"], out["scheduler_rss_mb"] = round(cpu1 - cpu0, 1), round(rss)
         if real:
             out["real_driver_process"] = real_driver_rss(plane, cluster.admin_kubeconfig)
         plane.kube.close()
