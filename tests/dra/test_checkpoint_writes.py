@@ -125,6 +125,7 @@ def test_save_without_sync_is_seen_at_once_and_sync_makes_it_durable(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording)
+    monkeypatch.setattr(os, "fdatasync", recording)
     checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
     checkpoint.claims["uid-0001"] = _claim(1)
     checkpoint.save(sync=False)
@@ -135,7 +136,7 @@ def test_save_without_sync_is_seen_at_once_and_sync_makes_it_durable(
     checkpoint.sync()
     assert len(synced) == 2  # the file, then its directory
     checkpoint.save()
-    assert len(synced) == 3  # a plain save syncs before the rename
+    assert len(synced) == 3  # a plain save syncs (its data) before the exchange
 
 
 async def test_an_unprepare_is_answered_after_the_write_and_synced_right_after(
@@ -247,13 +248,18 @@ async def test_a_new_prepare_syncs_once_after_its_hook_and_its_spec_not_at_all(
     devices = {d.name: d for d in gpus(1)}
     events: list[str] = []
     synced: list[str] = []
-    real_fsync = os.fsync
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
     def recording(fd: int) -> None:
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
 
+    def recording_data(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
+
     monkeypatch.setattr(os, "fsync", recording)
+    monkeypatch.setattr(os, "fdatasync", recording_data)
 
     class Recording(Checkpoint):
         def save(self, *, sync: bool = True) -> None:
@@ -300,8 +306,9 @@ async def test_a_new_prepare_syncs_once_after_its_hook_and_its_spec_not_at_all(
     assert answer.claims["uid-0001"].error == ""
     assert events == ["save sync=False", "hook sees preparing=['uid-0001']", "save sync=True"]
     assert service.saver.syncing is None  # no fsync of the "preparing" record follows
-    # one fsync: the checkpoint's new file, before it replaced the old one; none of a spec
-    assert [Path(p).name.startswith(".c.json.") for p in synced] == [True]
+    # one sync: the checkpoint's new version (its twin), before the two were exchanged;
+    # none of a spec
+    assert [Path(p).name for p in synced] == [".c.json.twin"]
     assert (tmp_path / "cdi" / f"k8s.{DRIVER}-claim_uid-0001.json").is_file()
 
 
@@ -338,3 +345,61 @@ async def test_an_unsynced_save_does_not_wait_for_the_fsync_of_the_one_before(
     await syncing
     assert syncs[-1] == 1  # the last change synced too
     assert saver.syncing is None
+
+
+def test_a_write_cut_off_in_the_twin_leaves_the_file_whole(tmp_path: Path) -> None:
+    """A process killed mid-write has written only (part of) the twin: the file is the
+    version before, whole."""
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    checkpoint.claims = {"uid-0001": _claim(1)}
+    checkpoint.save()
+    checkpoint.claims["uid-0002"] = _claim(2)
+    checkpoint.save(sync=False)
+    twin = tmp_path / ".c.json.twin"
+    assert json.loads(twin.read_text())["claims"].keys() == {"uid-0001"}
+    with twin.open("r+b") as f:  # the next write, cut off halfway into the twin
+        f.write(b'{"checksum":"00","claims":{"uid-')
+    reader = Checkpoint(checkpoint.path, DRIVER)
+    reader.load()
+    assert reader.set_aside is None
+    assert sorted(reader.claims) == ["uid-0001", "uid-0002"]
+
+
+def test_a_file_torn_by_a_power_loss_is_set_aside_and_the_twin_taken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A power loss may keep the exchange of the names but not the new version's unsynced
+    data: the file does not decode; the twin (the version before, whole) is started from,
+    and made the file again."""
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    checkpoint.claims = {"uid-0001": _claim(1)}
+    checkpoint.save()
+    checkpoint.claims["uid-0002"] = _claim(2)
+    checkpoint.save(sync=False)
+    torn = checkpoint.path.read_bytes()[:300] + b"\0" * 200  # part of it reached the disk
+    checkpoint.path.write_bytes(torn)
+    reader = Checkpoint(checkpoint.path, DRIVER)
+    reader.load()
+    assert reader.set_aside is not None
+    assert reader.set_aside.read_bytes() == torn
+    assert sorted(reader.claims) == ["uid-0001"]
+    assert "is whole; starting from it: 1 prepared claims" in caplog.text
+    again = Checkpoint(checkpoint.path, DRIVER)  # what every instance now reads
+    again.load()
+    assert again.set_aside is None
+    assert sorted(again.claims) == ["uid-0001"]
+    assert not reader.changed()
+
+
+def test_a_torn_file_without_a_whole_twin_starts_empty(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    checkpoint.claims = {"uid-0001": _claim(1)}
+    checkpoint.save()
+    checkpoint.save()
+    checkpoint.path.write_bytes(b'{"version": 1, "claims": {"x": ')
+    (tmp_path / ".c.json.twin").write_bytes(b"{")
+    reader = Checkpoint(checkpoint.path, DRIVER)
+    reader.load()
+    assert reader.set_aside is not None
+    assert reader.claims == {}
+    assert reader.preparing == {}

@@ -305,9 +305,12 @@ async def test_checkpoint_whose_checksum_does_not_match_is_moved_aside(
     assert any("is unusable (checksum mismatch)" in w and str(aside[0]) in w for w in warnings)
 
 
-async def test_checkpoint_is_replaced_whole_never_written_in_place(
+async def test_checkpoint_is_replaced_whole_through_its_twin(
     kdir: Path, kubeconfig: Path, node_name: str, api: Api, namespace: str
 ) -> None:
+    """Each save writes the twin (the version before) and exchanges the two names: a reader
+    of the file as it was keeps that version whole through the next save, and nothing but
+    the two files is left."""
     claims = [
         create_claim(
             api, namespace, f"at{i}-{node_name}", results=[result("gpu", DRIVER, node_name, gpu)]
@@ -317,22 +320,31 @@ async def test_checkpoint_is_replaced_whole_never_written_in_place(
     refs = [(namespace, c["metadata"]["name"], c["metadata"]["uid"]) for c in claims]
     plugin_dir = kdir / "plugins" / DRIVER
     path = plugin_dir / "checkpoint.json"
-    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name):
+    twin = plugin_dir / ".checkpoint.json.twin"
+    async with server(FakeDriver(gpus(2)), kdir, kubeconfig, node_name) as srv:
         dra_sock = plugin_dir / "dra.sock"
         assert (await clients.prepare(dra_sock, refs[:1])).claims[refs[0][2]].error == ""
         before = path.stat()
         old = path.open("rb")  # a reader in the middle of reading the first version
         try:
-            assert (await clients.prepare(dra_sock, refs[1:])).claims[refs[1][2]].error == ""
+            srv.checkpoint.claims.pop(refs[0][2])
+            srv.checkpoint.save(sync=False)  # one save: the twin written, names exchanged
             after = path.stat()
             first = json.loads(old.read())
         finally:
             old.close()
-        assert after.st_ino != before.st_ino  # a new file renamed over the old one
-        assert stat.S_IMODE(after.st_mode) == 0o600
+        assert after.st_ino != before.st_ino
+        assert twin.stat().st_ino == before.st_ino  # the version before, kept beside it
+        assert stat.S_IMODE(after.st_mode) == stat.S_IMODE(twin.stat().st_mode) == 0o600
         assert list(first["claims"]) == [refs[0][2]]  # the reader still has a whole file
+        assert json.loads(path.read_text())["claims"] == {}
+        assert after.st_size % 4096 == 0  # padded: the size rarely changes
+        srv.checkpoint.claims = {}
+        srv.checkpoint.load()
+        assert (await clients.prepare(dra_sock, refs)).claims[refs[1][2]].error == ""
         assert set(json.loads(path.read_text())["claims"]) == {refs[0][2], refs[1][2]}
         assert sorted(os.listdir(plugin_dir)) == [
+            ".checkpoint.json.twin",
             "checkpoint.json",
             "claims.lock",
             "dra.sock",

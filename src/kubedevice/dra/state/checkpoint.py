@@ -1,7 +1,9 @@
 """The prepared-claim checkpoint: which claims this driver prepared, with what answer.
 
-A JSON file in the driver's plugin dir, replaced atomically on every change (compact, one
-claim a line; each claim's entry is encoded once and reused), with a SHA-256 checksum over
+A JSON file in the driver's plugin dir, replaced atomically on every change through its
+twin (:mod:`kubedevice.dra.state.twin`: the previous version kept beside it, the two names
+exchanged, no file made per write; compact, one claim a line, padded with spaces to whole
+4 KiB blocks; each claim's entry is encoded once and reused), with a SHA-256 checksum over
 the canonical JSON of its claims (the driver's per-device ``data`` included). Per device it keeps
 the request, pool and device, the CDI IDs answered, the share ID, admin access, the
 driver's ``data`` and the CDI ``containerEdits`` written into the claim's spec (``edits``),
@@ -16,7 +18,9 @@ so a file written by an older version loads, and a driver that keeps no data wri
 ``data`` key. A file that cannot be read back (bad JSON, wrong checksum, wrong shape, a
 symlink, a FIFO, a directory or anything else that is not a regular file) is moved aside as
 ``<name>.corrupt-<time>`` with one warning line (:attr:`Checkpoint.set_aside` says where) and
-the driver starts empty, so a restarted driver can still unprepare what it prepared before
+the driver starts empty, or (for a file that is regular but does not decode, as a power
+loss right after an unsynced write can leave it) with the twin's version before it when
+that one decodes, so a restarted driver can still unprepare what it prepared before
 whenever the file is sound.
 
 Two instances of a driver on one node (a rolling upgrade) share the file: each takes the
@@ -39,7 +43,8 @@ from typing import Any, Final
 
 from kubedevice._regular_file import NotRegularFileError, read_regular
 from kubedevice.dra.model.types import ClaimRef, PreparedClaim
-from kubedevice.plugin.files import sync_file, write_atomically
+from kubedevice.dra.state.twin import TwinFile
+from kubedevice.plugin.files import sync_file
 
 __all__ = ["CHECKPOINT_VERSION", "Checkpoint"]
 
@@ -48,6 +53,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_VERSION: Final = 1
 _MAX_BYTES: Final = 64 << 20
 _PREPARING: Final = "preparing"
+#: What a file that cannot be decoded raises in :func:`_decode`.
+_BAD: Final = (ValueError, KeyError, TypeError, AttributeError)
 
 
 class Checkpoint:
@@ -65,6 +72,7 @@ class Checkpoint:
         self.claims: dict[str, PreparedClaim] = {}
         self.preparing: dict[str, PreparedClaim] = {}
         self.set_aside: Path | None = None
+        self._file = TwinFile(path, 0o600)
         self._seen: tuple[int, int, int, int] | None = None  # the file as last read/written
         # (uid, state) -> (the claim object, its entry as canonical JSON)
         self._cache: dict[tuple[str, str | None], tuple[PreparedClaim, str]] = {}
@@ -86,8 +94,14 @@ class Checkpoint:
             return
         try:
             self.claims, self.preparing = _decode(raw, self.driver_name)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except _BAD as exc:
+            try:  # read before the move: a move may not leave it
+                earlier: bytes | None = read_regular(self._file.twin, _MAX_BYTES)
+            except OSError:  # none (or not a regular file)
+                earlier = None
             self._move_aside(str(exc) or type(exc).__name__)
+            if earlier is not None and self.set_aside is not None:
+                self._take_twin(earlier)
             return
         if self.claims or self.preparing:
             log.info(
@@ -97,8 +111,27 @@ class Checkpoint:
                 len(self.preparing),
             )
 
+    def _take_twin(self, earlier: bytes) -> None:
+        """Start from the twin's version (the one before the unreadable file), made the
+        file again (so every instance reads it), when it decodes."""
+        try:
+            claims, preparing = _decode(earlier, self.driver_name)
+            os.replace(self._file.twin, self.path)
+        except (*_BAD, OSError):
+            return
+        self.claims, self.preparing = claims, preparing
+        self._seen = self._identity()
+        log.warning(
+            "checkpoint %s: its version before the last write (%s) is whole; starting from "
+            "it: %d prepared claims, %d interrupted while preparing",
+            self.path,
+            self._file.twin.name,
+            len(claims),
+            len(preparing),
+        )
+
     def save(self, *, sync: bool = True) -> None:
-        """Write the file atomically (mode 0600).
+        """Write the file atomically (mode 0600), through its twin.
 
         Each claim's entry is encoded once and kept (keyed by the claim object, which is
         immutable), so a save costs the entries' concatenation and one checksum, not an
@@ -107,7 +140,7 @@ class Checkpoint:
         other's files.
 
         Args:
-            sync: fsync the file before it replaces the old one; with ``False`` every
+            sync: fdatasync the new version before it replaces the old one; with ``False`` every
                 process sees the new file at once and :meth:`sync` makes it durable.
 
         Raises:
@@ -128,7 +161,7 @@ class Checkpoint:
         self._cache = {key: self._cache[key] for key in self._used}
         self._used = set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, text, mode=0o600, sync=sync)
+        self._file.write(text.encode(), sync=sync)
         self._seen = self._identity()
 
     @property
