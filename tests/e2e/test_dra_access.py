@@ -210,7 +210,9 @@ def test_a_drivers_credentials_write_only_their_own_nodes_slices_and_claims(
                         refusal.append(exc)
                         return True
                     raise
-                slices.delete_resource_slice(theirs)  # created before the policy was active
+                # created before the policy was active; the admin deletes it (the policy,
+                # active by now, may refuse the driver's delete of another node's slice)
+                admin.delete_resource_slice(theirs)
                 return False
 
             poll_until("the own-node policy refuses another node's slice", refused, 30)
@@ -293,7 +295,9 @@ def test_the_driver_templates_policy_keeps_its_token_to_its_node_and_driver_name
                     if exc.status == 403 and "ValidatingAdmissionPolicy" in str(exc.body):
                         return True
                     raise
-                slices.delete_resource_slice(theirs)  # created before the policy was active
+                # created before the policy was active; the admin deletes it (the policy,
+                # active by now, may refuse the driver's delete of another node's slice)
+                admin.delete_resource_slice(theirs)
                 return False
 
             poll_until("the template's policy refuses another node's slice", refused, 30)
