@@ -496,7 +496,10 @@ def scheduling(plane: Plane, layout: str, n: int, pods: int) -> dict[str, Any]:
     out["2-gpu-matchAttribute-pcieRoot"] = schedule(plane, "pair", min(pods, n), pair, None)
     if layout.startswith("mig"):
         device_class(
-            plane, "fleet-1g", f'device.driver == "{GPU_DRIVER}" && {attr}.profile == "1g.10gb"'
+            plane,
+            "fleet-1g",
+            f'device.driver == "{GPU_DRIVER}" && {attr}.type == "mig"'
+            f' && {attr}.profile == "1g.10gb"',
         )
         mig = {"devices": {"requests": [{"name": "m", "exactly": {"deviceClassName": "fleet-1g"}}]}}
         out["1g.10gb"] = schedule(plane, "mig", one, mig, None)
