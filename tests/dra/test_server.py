@@ -531,3 +531,28 @@ async def test_hook_answering_a_device_not_allocated_fails_the_claim_and_is_undo
     )
     assert [c.devices for c in driver.unprepared] == [(("gpu", node_name, "gpu-0"),)]
     assert not list(kdir.glob("cdi/*.json"))
+
+
+async def test_the_plugin_dirs_other_files_are_let_go_without_a_look(
+    kdir: Path, kubeconfig: Path, node_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint's writes make four events in the plugin dir each: none of them is a
+    socket, so none costs the settings' socket paths (on the loop, in every call)."""
+    srv = server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name)
+    looked: list[str] = []
+    settings = type(srv.settings)
+    real = settings.dra_socket
+
+    def counting(self: Any) -> Path:
+        looked.append("dra_socket")
+        path: Path = real.fget(self)  # type: ignore[attr-defined]
+        return path
+
+    monkeypatch.setattr(settings, "dra_socket", property(counting))
+    for name in ("checkpoint.json", ".checkpoint.json.twin", "claims.lock", "driver.lock"):
+        srv._on_dir_change(name)
+    assert looked == []
+    assert not srv._repair.is_set()
+    srv._on_dir_change("dra.sock")
+    assert looked
+    assert srv._repair.is_set()

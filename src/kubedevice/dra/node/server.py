@@ -361,9 +361,13 @@ class DriverServer:
             self.publisher.request()
 
     def _on_dir_change(self, name: str) -> None:
-        s = self.settings
         if self._stopping:
             return
+        if name and not name.endswith(".sock"):
+            # every name looked after is a socket's; the checkpoint's writes (four events
+            # each, in the plugin dir) and the lock files are let go at once
+            return
+        s = self.settings
         if name in (OVERFLOW, s.registration_socket.name, s.dra_socket.name):
             self._repair.set()
         if s.pod_uid and name == OVERFLOW:
