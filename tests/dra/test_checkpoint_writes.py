@@ -403,3 +403,27 @@ def test_a_torn_file_without_a_whole_twin_starts_empty(tmp_path: Path) -> None:
     assert reader.set_aside is not None
     assert reader.claims == {}
     assert reader.preparing == {}
+
+
+def test_a_claims_spec_is_compact_json_and_an_indented_one_of_the_same_content_is_kept(
+    tmp_path: Path,
+) -> None:
+    """The spec is encoded by json's C encoder (no indent: the Python encoder took
+    0.06-0.17 ms on the loop per prepare); a spec an earlier version wrote indented, with
+    the same content, is not written again (no "written again" at the upgrade's start)."""
+    from kubedevice.dra.state.cdi import CdiWriter
+
+    cdi = CdiWriter(tmp_path / "cdi", DRIVER)
+    devices = [("uid-0001-gpu-1", MappingProxyType({"env": ["GPU=1"]}))]
+    text = cdi.text("uid-0001", devices)
+    assert "\n" not in text
+    assert " " not in text
+    path = cdi.path("uid-0001")
+    path.parent.mkdir()
+    earlier = json.dumps(json.loads(text), indent=2, sort_keys=True)
+    path.write_text(earlier)
+    assert cdi.ensure("uid-0001", devices) is False
+    assert path.read_text() == earlier
+    path.write_text(earlier.replace("GPU=1", "GPU=2"))
+    assert cdi.ensure("uid-0001", devices) is True
+    assert path.read_text() == text

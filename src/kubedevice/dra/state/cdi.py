@@ -86,7 +86,9 @@ class CdiWriter:
             ],
         }
         validate_spec(spec)
-        return json.dumps(spec, indent=2, sort_keys=True)
+        # compact: the C encoder (an indented spec goes through json's Python encoder,
+        # 0.06-0.17 ms on the loop per prepare on the 2-core KVM guest, against 0.01)
+        return json.dumps(spec, sort_keys=True, separators=(",", ":"))
 
     def write(self, claim_uid: str, devices: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
         """Write (atomically replace) the spec of claim ``claim_uid``; with no device, remove it.
@@ -124,7 +126,9 @@ class CdiWriter:
             return self.remove(claim_uid)
         text = self.text(claim_uid, devices)
         try:
-            if read_regular(self.path(claim_uid), len(text) + 1) == text.encode():
+            # an earlier version's indented spec of the same content is kept as it is
+            held = read_regular(self.path(claim_uid), 16 * len(text) + 4096)
+            if held == text.encode() or _same_json(held, text):
                 return False
         except OSError:
             pass  # missing, or not a regular file: written below (a rename replaces it)
@@ -184,3 +188,11 @@ def cdi_edits(edits: ContainerEdits) -> dict[str, Any]:
             for mount in edits.mounts
         ]
     return out
+
+
+def _same_json(held: bytes, text: str) -> bool:
+    """Whether the file's bytes ``held`` are the JSON of ``text`` (in another layout)."""
+    try:
+        return bool(json.loads(held) == json.loads(text))
+    except ValueError:
+        return False
