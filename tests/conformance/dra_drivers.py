@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -83,14 +84,48 @@ def example() -> tuple[list[str], list[str]]:
 
 
 def run_kit(
-    bin_dir: Path, kit: list[str], command: list[str], log: Path, timeout: float = 240
+    bin_dir: Path | None, kit: list[str], command: list[str], log: Path, timeout: float = 240
 ) -> subprocess.CompletedProcess[str]:
-    """``kubedevice conformance --dra --k8s-bin BIN KIT... -- COMMAND`` as a real process."""
-    return subprocess.run(
-        [KUBEDEVICE, "conformance", "--dra", "--k8s-bin", str(bin_dir), "--log", str(log),
-         *kit, "--", *command],
-        capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT,
-    )  # fmt: skip
+    """``kubedevice conformance --dra [--k8s-bin BIN] --log LOG KIT... -- COMMAND`` as a real
+    process (``bin_dir`` None: ``kit`` names the API server, ``--kubeconfig``).
+
+    Past ``timeout`` the kit is interrupted (SIGINT: it stops the driver and its API server,
+    SIGKILL 30 s later); its stderr then ends with a line that says so, after each case's
+    line as it ended, so that :func:`explain` tells how far it got.
+    """
+    where = ["--k8s-bin", str(bin_dir)] if bin_dir is not None else []
+    args = [KUBEDEVICE, "conformance", "--dra", *where, "--log", str(log), *kit, "--", *command]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            err += f"\n(the test interrupted the kit: it ran past {timeout:.0f} s)\n"
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def explain(proc: subprocess.CompletedProcess[str], log: Path, lines: int = 30) -> str:
+    """What a kit run that a test did not expect says: its exit status, every FAIL line (case
+    ID and evidence), its stderr's last lines and the driver log's tail: a CI log that shows
+    this says what broke."""
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    err = proc.stderr.splitlines()[-lines:]
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        tail = [f"(no driver log: {exc})"]
+    return "\n".join([
+        f"kit exit status {proc.returncode}; {len(failed)} failed cases:", *failed,
+        f"--- summary: {(SUMMARY.search(proc.stdout) or [''])[0] or '(no summary)'}",
+        f"--- kit stderr, last {len(err)} lines:", *err,
+        f"--- driver log ({log}), last {len(tail)} lines:", *tail,
+    ])  # fmt: skip
 
 
 def summary(out: str) -> tuple[int, int, int]:

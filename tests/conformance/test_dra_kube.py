@@ -14,7 +14,7 @@ from kubedevice.conformance.dra.apiserver import LocalApiServer
 from kubedevice.conformance.dra.kube import RESOURCE, ApiError, KubeClient
 from kubedevice.errors import ConfigError
 
-from .dra_drivers import KUBEDEVICE, k8s_bin
+from .dra_drivers import KUBEDEVICE, explain, k8s_bin
 from .plugins import kit_driver_cmd
 
 pytestmark = pytest.mark.timeout(180)
@@ -91,7 +91,7 @@ def test_a_run_on_a_kubeconfig_leaves_no_node_class_claim_or_slice(tmp_path: Pat
              *kit_driver_cmd()],
             capture_output=True, text=True, timeout=150, check=False,
         )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.returncode == 0, explain(proc, tmp_path / "d.log")
         assert "SKIP    SHOULD  slices-quiet-list          needs the kit's own API server" in (
             proc.stdout
         )

@@ -54,6 +54,15 @@ class Run:
             if outcome == "FAIL" and (level is None or text.startswith(level))
         ]
 
+    def explain(self) -> str:
+        """For an assertion: the exit status, each failed case (from the JUnit XML) with its
+        evidence, and the run's last lines (the driver log's tail among them)."""
+        failed = [f"FAIL {case}: {text}" for case, (o, text) in self.cases.items() if o == "FAIL"]
+        return "\n".join([
+            f"kit exit status {self.returncode}; {len(failed)} failed cases:", *failed,
+            "--- the run's last 40 lines:", *self.output.splitlines()[-40:],
+        ])  # fmt: skip
+
 
 def _junit(path: Path) -> dict[str, tuple[str, str]]:
     cases: dict[str, tuple[str, str]] = {}
@@ -147,8 +156,8 @@ def test_the_docs_list_every_mutant_with_its_case() -> None:
 @pytest.mark.timeout(600)
 def test_the_unbroken_driver_passes_every_must_case(runs: dict[str, Run]) -> None:
     good = runs["good"]
-    assert good.cases, good.output[-3000:]
-    assert not good.failed("MUST"), good.output[-3000:]
+    assert good.cases, good.explain()
+    assert not good.failed("MUST"), good.explain()
     assert good.cases["prepare-basic"][0] == "PASS"
     assert good.cases["upgrade-side-by-side"][0] == "PASS"  # a full run, with {pod_uid}
     for name, mutant in MUTANTS.items():  # the case of every mutant can pass
@@ -160,9 +169,7 @@ def test_the_unbroken_driver_passes_every_must_case(runs: dict[str, Run]) -> Non
 def test_each_mutant_fails_on_its_case(runs: dict[str, Run], name: str) -> None:
     run = runs[name]
     case = MUTANTS[name].case
-    assert run.returncode == 1, run.output[-3000:]
-    assert case in run.cases, run.output[-3000:]
+    assert run.returncode == 1, run.explain()
+    assert case in run.cases, run.explain()
     outcome, _evidence = run.cases[case]
-    assert outcome == "FAIL", (
-        f"{name} ({MUTANTS[name].bug}): {case} {outcome}\n{run.output[-3000:]}"
-    )
+    assert outcome == "FAIL", f"{name} ({MUTANTS[name].bug}): {case} {outcome}\n{run.explain()}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ from kubedevice.conformance.process import PluginProcess
 from kubedevice.conformance.report import CaseResult, Outcome
 
 __all__ = ["TEMPLATES", "DraContext", "DraOptions", "fmt"]
+
+log = logging.getLogger(__name__)
 
 #: What the command's arguments may name; each is replaced by the run's value.
 TEMPLATES = {
@@ -232,6 +235,9 @@ class DraContext:
         """Record one case's outcome (``started``: when the case began, monotonic)."""
         duration = 0.0 if started is None else time.monotonic() - started
         self.results.append(CaseResult(DRA_CASES_BY_ID[case_id], outcome, evidence, None, duration))
+        # as each case ends (the table comes at the end): a run stopped halfway still tells
+        # how far it got and what failed
+        log.info("%s %s: %s", outcome.value.upper(), case_id, evidence)
 
     def check(self, case_id: str, problem: str, good: str, started: float | None = None) -> None:
         """PASS with ``good`` when ``problem`` is empty, else FAIL with ``problem``."""
