@@ -3,15 +3,19 @@ certificate and key and the CA inline (``*-data``), against the kit's own real A
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import subprocess
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from kubedevice.conformance.dra.apiserver import LocalApiServer
 from kubedevice.conformance.dra.kube import RESOURCE, ApiError, KubeClient
+from kubedevice.conformance.dra.slices import SliceView
 from kubedevice.errors import ConfigError
 
 from .dra_drivers import KUBEDEVICE, explain, k8s_bin
@@ -103,3 +107,50 @@ def test_a_run_on_a_kubeconfig_leaves_no_node_class_claim_or_slice(tmp_path: Pat
     finally:
         kube.close()
         server.stop()
+
+
+def test_the_slice_view_outlives_a_silence_longer_than_the_client_timeout(tmp_path: Path) -> None:
+    """The kit's slice watch may be silent for long (the quiet period, restarts, all slower
+    on a busy machine); a change after that is still seen. Before: the watch's connection
+    kept the client's 30 s read timeout, the view stopped at the first longer silence and
+    a later wipe looked like slices that never went away."""
+    server = LocalApiServer(k8s_bin(), tmp_path / "api")
+    server.start()
+    kube = KubeClient(server.kit_kubeconfig, timeout=1.0)
+    body = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "after-silence"},
+        "spec": {"driver": "silence.example.com", "nodeName": "n1",
+                 "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "d0"}]},
+    }  # fmt: skip
+
+    async def scenario() -> tuple[bool, bool, str]:
+        changed = asyncio.Event()
+        view = SliceView(kube, changed.set)
+        await view.start()
+        try:
+            # three times the client's timeout with no event at all
+            quiet = not await _within(changed.wait(), 3.0)
+            await asyncio.to_thread(kube.call, "POST", f"{RESOURCE}/resourceslices", body)
+            seen = await _within(changed.wait(), 30.0)
+            return quiet, seen and "after-silence" in view.slices, view.error
+        finally:
+            await view.stop()
+
+    try:
+        quiet, seen, error = asyncio.run(scenario())
+    finally:
+        kube.close()
+        server.stop()
+    assert quiet
+    assert seen, f"the view missed a slice made after 3 s of silence (its error: {error!r})"
+    assert error == ""
+
+
+async def _within(waiting: Coroutine[Any, Any, object], limit: float) -> bool:
+    try:
+        await asyncio.wait_for(waiting, limit)
+    except TimeoutError:
+        return False
+    return True

@@ -82,6 +82,9 @@ class KubeClient:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         self._local = threading.local()
+        #: Every thread's kept-alive connection, so that :meth:`close` closes them all.
+        self._kept: list[http.client.HTTPSConnection] = []
+        self._lock = threading.Lock()
 
     def _file(self, data: str, name: str) -> str:
         path = self._files / name
@@ -105,11 +108,13 @@ class KubeClient:
         return ctx
 
     def close(self) -> None:
-        """Close this thread's kept-alive connection."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        """Close the kept-alive connections (every thread's: the cases call from worker
+        threads too, which outlive nothing of the run)."""
+        with self._lock:
+            kept, self._kept = self._kept, []
+        for conn in kept:
             conn.close()
-            self._local.conn = None
+        self._local.conn = None
 
     def _conn(self, timeout: float | None = None) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
@@ -123,6 +128,8 @@ class KubeClient:
         for attempt in (0, 1):  # a kept-alive connection the server closed: once more
             if conn is None:
                 conn = self._local.conn = self._conn()
+                with self._lock:
+                    self._kept.append(conn)
             try:
                 conn.request(method, url, None if body is None else json.dumps(body),
                              self.headers)  # fmt: skip
@@ -131,6 +138,8 @@ class KubeClient:
                 break
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
+                with self._lock, contextlib.suppress(ValueError):
+                    self._kept.remove(conn)
                 conn = self._local.conn = None
                 if attempt:
                     raise ApiError(0, f"{method} {path}: {exc}") from exc
@@ -175,6 +184,10 @@ class Watch:
             response = self._conn.getresponse()
             if response.status >= 300:
                 raise ApiError(response.status, response.read().decode("utf-8", "replace"))
+            # the stream may be silent for as long as nothing changes (a bookmark comes about
+            # once a minute): the connection's timeout bounds the request, not the waiting
+            if self._conn.sock is not None:
+                self._conn.sock.settimeout(None)
             while not self._closed:
                 line = response.readline()
                 if not line:

@@ -46,8 +46,12 @@ __all__ = [
 
 #: The kubelet's deadline for one NodePrepareResources / NodeUnprepareResources call.
 CLAIM_CALL_S: Final = 45.0
-#: The plugin watcher's deadline for GetInfo (and for dialling the socket).
+#: The plugin watcher's deadline for GetInfo, once connected (the kubelet's operation
+#: generator: one second).
 GET_INFO_S: Final = 1.0
+#: How long the plugin watcher waits to connect to a registration socket (the kubelet's
+#: dialTimeoutDuration, a blocking dial).
+DIAL_S: Final = 10.0
 V1: Final = "v1.DRAPlugin"
 V1BETA1: Final = "v1beta1.DRAPlugin"
 HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
@@ -91,8 +95,11 @@ def judge_info(info: reg.PluginInfo) -> str:
 
 
 async def get_info(socket: Path, limit: float = GET_INFO_S) -> reg.PluginInfo:
-    """GetInfo on a registration socket."""
+    """GetInfo on a registration socket: connected within :data:`DIAL_S`, then answered
+    within ``limit``, as the kubelet dials and then calls (TimeoutError when the
+    connection is not made in time)."""
     async with _channel(socket) as ch:
+        await asyncio.wait_for(ch.channel_ready(), DIAL_S)
         return await reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=limit)
 
 
@@ -113,9 +120,11 @@ async def register(socket: Path, *, attempts_for: float = 10.0) -> Registration:
         try:
             info = await get_info(socket)
             break
-        except (aio.AioRpcError, OSError) as exc:
+        except (aio.AioRpcError, OSError, TimeoutError) as exc:
             if time.monotonic() >= deadline:
-                return Registration(socket, t, error=f"GetInfo: {rpc_text(exc)}")
+                why = f"no connection in {DIAL_S:.0f} s" if isinstance(exc, TimeoutError) \
+                    else rpc_text(exc)  # fmt: skip
+                return Registration(socket, t, error=f"GetInfo: {why}")
             await asyncio.sleep(0.2)  # the plugin watcher's reconciler retries on its own tick
     why = judge_info(info)
     try:

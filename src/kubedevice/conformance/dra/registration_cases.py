@@ -100,7 +100,7 @@ async def check_registration(ctx: DraContext, started: float) -> bool:
     failed = []
     for version in dra:
         try:
-            await ctx.client().prepare([], version=version, limit=10.0)
+            await ctx.client().prepare([], version=version)  # the kubelet's 45 s
         except (aio.AioRpcError, OSError) as exc:
             failed.append(f"{version}: {rpc_text(exc)}")
     ctx.check("reg-services-answer", "; ".join(failed), f"{', '.join(dra)} answered")
@@ -136,7 +136,7 @@ async def check_reregistration(ctx: DraContext) -> None:
     problem = "" if got else f"no successful registration within {fmt(ctx.cap(START_S))}"
     if got:
         try:
-            await ctx.client().prepare([], version=ctx.learned.version, limit=10.0)
+            await ctx.client().prepare([], version=ctx.learned.version)
         except (aio.AioRpcError, OSError) as exc:
             problem = f"after re-registration the DRA socket failed: {rpc_text(exc)}"
     ctx.check("reg-kubelet-restart", problem,

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubedevice.conformance.dra.apiserver import DRIVER_USER
@@ -161,10 +162,20 @@ def _deleted(ctx: DraContext, since: float, *, driver: str = "", name: str = "")
     )
 
 
-async def _back(ctx: DraContext, want: int, started: float) -> float | None:
-    ok = await ctx.wait(lambda: ctx.pool_complete() and ctx.device_count() == want,
-                        ctx.cap(BACK_S))  # fmt: skip
-    return time.monotonic() - started if ok else None
+async def _back(
+    ctx: DraContext, want: int, started: float, gone: Callable[[], bool]
+) -> float | str:
+    """Seconds from ``started`` until the deletion (``gone``) was seen and then ``want``
+    devices in complete pools again; else why not. Both waits are on the kit's watch
+    events, bounded together by the case's limit."""
+    limit = ctx.cap(BACK_S)
+    if not await ctx.wait(gone, limit):  # by its event: the driver may publish again at once
+        why = f" (the kit's watch failed: {ctx.slices.error})" if ctx.slices.error else ""
+        return f"the kit saw no deletion within {fmt(limit)}{why}"
+    left = limit - (time.monotonic() - started)
+    if await ctx.wait(lambda: ctx.pool_complete() and ctx.device_count() == want, left):
+        return time.monotonic() - started
+    return f"not back to {want} devices within {fmt(limit)}"
 
 
 async def check_slices_back(ctx: DraContext) -> None:
@@ -179,12 +190,9 @@ async def check_slices_back(ctx: DraContext) -> None:
         ctx.add("slices-after-wipe", Outcome.SKIP, f"the kit could not delete: {exc}")
         ctx.skip(["slices-after-delete", "slices-back-fast"], "the wipe failed")
         return
-    # the deletion seen (by its event: the driver may publish again before the kit looks)
-    await ctx.wait(lambda: _deleted(ctx, started, driver=driver), 5.0)
-    wipe = await _back(ctx, want, started)
-    ctx.check("slices-after-wipe",
-              "" if wipe is not None else f"not back to {want} devices within "
-              f"{fmt(ctx.cap(BACK_S))}", f"{want} devices back in {fmt(wipe or 0)}",
+    wipe = await _back(ctx, want, started, lambda: _deleted(ctx, started, driver=driver))
+    ctx.check("slices-after-wipe", wipe if isinstance(wipe, str) else "",
+              f"{want} devices back in {fmt(wipe if isinstance(wipe, float) else 0)}",
               started)  # fmt: skip
     mine = sorted(ctx.slices.of(driver, node), key=lambda s: s["metadata"]["name"])
     if not mine:
@@ -193,14 +201,12 @@ async def check_slices_back(ctx: DraContext) -> None:
     name = mine[0]["metadata"]["name"]
     started = time.monotonic()
     await asyncio.to_thread(ctx.kube.delete, f"{RESOURCE}/resourceslices/{name}")
-    await ctx.wait(lambda: _deleted(ctx, started, name=name), 5.0)
-    one = await _back(ctx, want, started)
-    ctx.check("slices-after-delete",
-              "" if one is not None else f"not back to {want} devices within "
-              f"{fmt(ctx.cap(BACK_S))}", f"back in {fmt(one or 0)}", started)  # fmt: skip
+    one = await _back(ctx, want, started, lambda: _deleted(ctx, started, name=name))
+    ctx.check("slices-after-delete", one if isinstance(one, str) else "",
+              f"back in {fmt(one if isinstance(one, float) else 0)}", started)  # fmt: skip
     slow = [f"{what} {fmt(t)}" for what, t in (("wipe", wipe), ("delete", one))
-            if t is not None and t > FAST_S]  # fmt: skip
-    if wipe is None or one is None:
+            if isinstance(t, float) and t > FAST_S]  # fmt: skip
+    if isinstance(wipe, str) or isinstance(one, str):
         ctx.add("slices-back-fast", Outcome.FAIL, "not back at all")
     else:
         ctx.check("slices-back-fast", f"slow: {', '.join(slow)}" if slow else "",
