@@ -221,3 +221,31 @@ def test_a_pod_uid_lock_is_held_by_one_process_and_its_file_goes_with_it(tmp_pat
     again = PodLock(path, "DRA driver x", "u1")
     again.acquire()
     again.release()
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a directory", "a symbolic link"])
+async def test_a_claims_lock_replaced_while_serving_is_each_claims_error_in_one_line(
+    kdir: Path, kubeconfig: Path, node_name: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the call failed INTERNAL ('NotRegularFileError: [Errno 22] ...') with a
+    traceback logged; now each claim's answer is the lock file's refusal, one line."""
+    uid = "0c0c0c0c-1111-4222-8333-555555555555"
+    async with server(FakeDriver(gpus(1)), kdir, kubeconfig, node_name) as srv:
+        lock = srv.settings.claims_lock
+        lock.unlink()
+        if kind == "a FIFO":
+            os.mkfifo(lock)
+        elif kind == "a directory":
+            lock.mkdir()
+        else:
+            lock.symlink_to(kdir / "elsewhere")
+        wanted = (
+            f"the lock file {lock} is {kind}, not a regular file; refusing to use it (remove it)"
+        )
+        sock = srv.settings.dra_socket
+        prepared = await clients.prepare(sock, [("default", "c", uid)], timeout=5)
+        assert prepared.claims[uid].error == wanted
+        unprepared = await clients.unprepare(sock, [("default", "c", uid)], timeout=5)
+        assert unprepared.claims[uid].error == wanted
+        assert not any(r.exc_info for r in caplog.records)
+        assert not (kdir / "elsewhere").exists()

@@ -211,12 +211,18 @@ class ClaimService:
     async def _prepare_all(
         self, claims: Sequence[v1.Claim]
     ) -> list[v1.NodePrepareResourceResponse]:
-        async with self.shared.hold():
-            return await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        try:
+            async with self.shared.hold_for_call():
+                return await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        except ClaimError as exc:  # the claims lock cannot be taken
+            return [v1.NodePrepareResourceResponse(error=str(exc)) for _ in claims]
 
     async def _unprepare_all(self, claims: Sequence[v1.Claim]) -> list[str]:
-        async with self.shared.hold():
-            return await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+        try:
+            async with self.shared.hold_for_call():
+                return await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+        except ClaimError as exc:
+            return [str(exc) for _ in claims]
 
     # ---- one claim ---------------------------------------------------------------------
 

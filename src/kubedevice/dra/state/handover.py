@@ -16,9 +16,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+from kubedevice._regular_file import NotRegularFileError
 from kubedevice.dra.model.types import PreparedClaim
 from kubedevice.dra.state.checkpoint import Checkpoint
-from kubedevice.dra.state.lock import ClaimsLock
+from kubedevice.dra.state.lock import ClaimsLock, refusal
+from kubedevice.errors import ClaimError
 
 __all__ = ["SharedClaims"]
 
@@ -59,6 +61,28 @@ class SharedClaims:
             yield
             return
         async with self.lock.hold(self._catch_up):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def hold_for_call(self) -> AsyncIterator[None]:
+        """:meth:`hold` for a kubelet call: a claims lock that cannot be taken (its file
+        replaced by a FIFO, a directory or a symlink) is one line for each claim's answer.
+
+        Raises:
+            ClaimError: The lock file cannot be opened or locked (logged once, no traceback).
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(self.hold())
+            except OSError as exc:
+                path = self.lock.path if self.lock is not None else "the claims lock"
+                why = (
+                    refusal(self.lock.path, exc)
+                    if isinstance(exc, NotRegularFileError) and self.lock is not None
+                    else f"cannot take the node's claims lock {path}: {exc.strerror or exc}"
+                )
+                log.error("%s", why)
+                raise ClaimError(why) from None
             yield
 
     async def _catch_up(self) -> None:
