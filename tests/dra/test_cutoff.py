@@ -286,3 +286,32 @@ def test_the_stop_grace_comes_from_the_flag_or_the_environment(
         grace()
     with pytest.raises(ConfigError, match="stop grace -1"):
         grace(stop_grace=-1)
+
+
+async def test_prepare_cut_unprepare_cut_prepare_again_ends_prepared_once(
+    kdir: Path, kubeconfig: Path, node_name: str, api: Api
+) -> None:
+    """The kubelet's calls for one claim, each cut off while the first hook runs: they run
+    in the order they came, one hook at a time, and the last (a prepare) wins."""
+    ref = _claim(api, f"cutseq-{node_name}", node_name)
+    uid = ref[2]
+    driver = _Held(gpus(2))
+    driver.holds = 1
+    async with server(driver, kdir, kubeconfig, node_name) as srv:
+        sock = srv.settings.dra_socket
+        first = asyncio.ensure_future(clients.prepare(sock, [ref], timeout=CUT))
+        await asyncio.wait_for(driver.entered.wait(), 10)
+        await _cut_off(first)
+        await _cut_off(asyncio.ensure_future(clients.unprepare(sock, [ref], timeout=0.05)))
+        await _cut_off(asyncio.ensure_future(clients.prepare(sock, [ref], timeout=0.05)))
+        driver.gate.set()
+        assert srv.claims is not None
+        assert await srv.claims.inflight.drain(10) == 0
+        answer = (await clients.prepare(sock, [ref], timeout=20)).claims[uid]
+        assert answer.error == ""
+        assert driver.most_inside == 1
+        assert (len(driver.prepared), len(driver.unprepared)) == (2, 1)
+        assert uid in srv.claims.checkpoint.claims
+        assert uid not in srv.claims.checkpoint.preparing
+        assert srv.claims.inflight.tasks == set()
+        assert srv.claims._locks == {}
