@@ -117,11 +117,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KitRun]:
     """Every run of the module, by name."""
     bin_dir = k8s_bin()
 
+    # the directories first, here: pytest's temporary directories are not made thread-safely
+    works = {name: tmp_path_factory.mktemp(name) for name in PLANS}
+
     def one(name: str) -> KitRun:
-        work = tmp_path_factory.mktemp(name)
-        kit, command = PLANS[name](work)
-        log = work / "driver.log"
-        return KitRun(run_kit(bin_dir, kit, command, log), log, work)
+        kit, command = PLANS[name](works[name])
+        log = works[name] / "driver.log"
+        return KitRun(run_kit(bin_dir, kit, command, log), log, works[name])
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         return dict(zip(PLANS, pool.map(one, PLANS), strict=True))
