@@ -427,3 +427,48 @@ def test_a_claims_spec_is_compact_json_and_an_indented_one_of_the_same_content_i
     path.write_text(earlier.replace("GPU=1", "GPU=2"))
     assert cdi.ensure("uid-0001", devices) is True
     assert path.read_text() == text
+
+
+def test_without_renameat2_a_save_is_a_rename_and_still_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No renameat2 (not glibc 2.28+): the twin is renamed over the file (and made again
+    on the next save); readers still get whole versions."""
+    from kubedevice.dra.state import twin as twin_module
+
+    monkeypatch.setattr(twin_module, "_RENAMEAT2", None)
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    for i in range(3):
+        checkpoint.claims[f"uid-{i:04d}"] = _claim(i)
+        checkpoint.save(sync=i == 0)
+        assert not (tmp_path / ".c.json.twin").exists()
+        reader = Checkpoint(checkpoint.path, DRIVER)
+        reader.load()
+        assert len(reader.claims) == i + 1
+    assert os.stat(checkpoint.path).st_mode & 0o777 == 0o600
+
+
+def test_a_filesystem_without_the_exchange_falls_back_to_renames_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ctypes
+    import errno
+
+    from kubedevice.dra.state import twin as twin_module
+
+    tries: list[int] = []
+
+    def refusing(*_args: Any) -> int:
+        tries.append(1)
+        ctypes.set_errno(errno.EINVAL)  # as overlayfs answers RENAME_EXCHANGE
+        return -1
+
+    monkeypatch.setattr(twin_module, "_RENAMEAT2", refusing)
+    checkpoint = Checkpoint(tmp_path / "c.json", DRIVER)
+    for i in range(3):
+        checkpoint.claims[f"uid-{i:04d}"] = _claim(i)
+        checkpoint.save()
+    assert len(tries) == 1  # refused at the first save, never tried again
+    reader = Checkpoint(checkpoint.path, DRIVER)
+    reader.load()
+    assert len(reader.claims) == 3
