@@ -49,9 +49,12 @@ CLAIM_CALL_S: Final = 45.0
 #: The plugin watcher's deadline for GetInfo, once connected (the kubelet's operation
 #: generator: one second).
 GET_INFO_S: Final = 1.0
-#: How long the plugin watcher waits to connect to a registration socket (the kubelet's
-#: dialTimeoutDuration, a blocking dial).
+#: How long the plugin watcher tries to connect to a registration socket (the kubelet's
+#: dialTimeoutDuration, a blocking dial): :func:`register` tries for this long.
 DIAL_S: Final = 10.0
+#: One connection attempt (a fresh channel each: one whose first attempt failed would wait
+#: out gRPC's reconnect backoff).
+_CONNECT_S: Final = 1.0
 V1: Final = "v1.DRAPlugin"
 V1BETA1: Final = "v1beta1.DRAPlugin"
 HEALTH_SERVICE: Final = "v1alpha1.DRAResourceHealth"
@@ -95,11 +98,11 @@ def judge_info(info: reg.PluginInfo) -> str:
 
 
 async def get_info(socket: Path, limit: float = GET_INFO_S) -> reg.PluginInfo:
-    """GetInfo on a registration socket: connected within :data:`DIAL_S`, then answered
-    within ``limit``, as the kubelet dials and then calls (TimeoutError when the
-    connection is not made in time)."""
+    """GetInfo on a registration socket: connected (one attempt, TimeoutError when not
+    within a second), then answered within ``limit``: the kubelet's deadline counts from
+    the connection, not from the dial."""
     async with _channel(socket) as ch:
-        await asyncio.wait_for(ch.channel_ready(), DIAL_S)
+        await asyncio.wait_for(ch.channel_ready(), _CONNECT_S)
         return await reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=limit)
 
 
@@ -111,9 +114,9 @@ async def notify(socket: Path, registered: bool, error: str = "", limit: float =
         )
 
 
-async def register(socket: Path, *, attempts_for: float = 10.0) -> Registration:
-    """GetInfo (retried each 0.2 s for ``attempts_for`` s, as the watcher's reconciler does),
-    then the notification the kubelet would send."""
+async def register(socket: Path, *, attempts_for: float = DIAL_S) -> Registration:
+    """GetInfo (retried each 0.2 s for ``attempts_for`` s, as the kubelet's dial and its
+    reconciler do), then the notification the kubelet would send."""
     t = time.monotonic()
     deadline = t + attempts_for
     while True:
@@ -122,8 +125,8 @@ async def register(socket: Path, *, attempts_for: float = 10.0) -> Registration:
             break
         except (aio.AioRpcError, OSError, TimeoutError) as exc:
             if time.monotonic() >= deadline:
-                why = f"no connection in {DIAL_S:.0f} s" if isinstance(exc, TimeoutError) \
-                    else rpc_text(exc)  # fmt: skip
+                why = f"no connection in {attempts_for:.0f} s" \
+                    if isinstance(exc, TimeoutError) else rpc_text(exc)  # fmt: skip
                 return Registration(socket, t, error=f"GetInfo: {why}")
             await asyncio.sleep(0.2)  # the plugin watcher's reconciler retries on its own tick
     why = judge_info(info)
@@ -162,6 +165,10 @@ class PluginWatcher:
             self._spawn(path)
 
     def _spawn(self, path: Path) -> None:
+        if path.name.startswith("."):
+            # as the kubelet's plugin watcher: a driver may bind a hidden name and rename it
+            # into place; the hidden one is gone by the time a notification would reach it
+            return
         try:
             if not stat.S_ISSOCK(path.lstat().st_mode):
                 return
