@@ -370,6 +370,14 @@ class Kubelet:
     private_mounts: bool = False
     #: the real runtime (containerd) in place of kd-fakecri, when the cluster has one
     containerd: Containerd | None = None
+    #: bind mounts (target -> source) of a mount namespace this node's kubelet and runtime
+    #: share (``mount_ns``, made by ``start_runtime``): e.g. its own root and CDI dir at the
+    #: first node's paths, so one DaemonSet's hostPaths lead to each node's own; empty: none
+    binds: dict[Path, Path] = field(default_factory=dict)
+    #: ``--node-ip`` (the Node's InternalIP, a hostNetwork pod's IP); None: the kubelet's pick
+    node_ip: str | None = None
+    #: the process holding the mount namespace of ``binds`` while the node is up
+    ns_holder: Process | None = None
 
     @property
     def cri_socket(self) -> Path:
@@ -417,9 +425,45 @@ class Kubelet:
         """The kubelet's plugins directory (a DRA driver's own socket goes under it)."""
         return self.root / "plugins"
 
+    def _enter(self) -> list[str]:
+        """The argv prefix that runs a command in the node's mount namespace (of ``binds``)."""
+        if self.ns_holder is None:
+            return []
+        return ["nsenter", f"--mount=/proc/{self.ns_holder.pid}/ns/mnt", "--"]
+
+    def make_namespace(self) -> None:
+        """The mount namespace of ``binds``, held by a process of its own (``ns_holder``): a
+        slave of the test's, a tmpfs on the device-plugin dir, the binds, shared within."""
+        if not self.binds or (self.ns_holder is not None and self.ns_holder.alive()):
+            return
+        for src in self.binds.values():
+            src.mkdir(parents=True, exist_ok=True)
+        ready = self.root.parent / f"ns-{self.node}.ready"
+        ready.unlink(missing_ok=True)
+        steps = [f"mount -t tmpfs tmpfs {DEVICE_PLUGIN_DIR}"]
+        steps += [f"mount --bind {src} {dst}" for dst, src in self.binds.items()]
+        steps += ["mount --make-rshared /", f"touch {ready}", "exec sleep infinity"]
+        name = f"mountns-{self.node}"
+        self.ns_holder = Process(
+            name,
+            ["unshare", "-m", "--propagation", "slave", "sh", "-c", " && ".join(steps)],
+            self.logs / f"{name}.log",
+            own_dir(self.logs, name),
+        )
+        self.ns_holder.start()
+        _poll(f"the mount namespace of {self.node}", ready.exists, 30, [self.ns_holder])
+
+    def drop_namespace(self) -> None:
+        """Let the namespace go (once its processes have)."""
+        if self.ns_holder is not None:
+            self.ns_holder.stop()
+            self.ns_holder = None
+
     def start_runtime(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.containerd is not None:
+            self.make_namespace()
+            self.containerd.prefix = self._enter()
             self.containerd.up()
             return
         name = "kd-fakecri" if self.node == NODE else f"kd-fakecri-{self.node}"
@@ -481,16 +525,20 @@ class Kubelet:
         if not self.runtime_alive():
             self.start_runtime()
         config = self.write_config()
-        prefix: list[str] = []
-        if self.private_mounts:
+        prefix: list[str] = self._enter()
+        if self.private_mounts and not self.binds:
             mount = f'mount -t tmpfs tmpfs {DEVICE_PLUGIN_DIR} && exec "$@"'
             prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "kubelet"]
         name = "kubelet" if self.node == NODE else f"kubelet-{self.node}"
+        # a bind of the root (to the first node's path) is the kubelet's --root-dir: the paths
+        # it dials (a plugin's registration socket: 107 bytes at most) are those drivers see
+        root = next((dst for dst, src in self.binds.items() if src == self.root), self.root)
         self.process = Process(
             name,
             [*prefix, str(self.bin_dir / "kubelet"), f"--kubeconfig={self.kubeconfig}",
-             f"--config={config}", f"--hostname-override={self.node}", f"--root-dir={self.root}",
+             f"--config={config}", f"--hostname-override={self.node}", f"--root-dir={root}",
              f"--cert-dir={self.root / 'pki'}", "--v=2",
+             *([f"--node-ip={self.node_ip}"] if self.node_ip else []),
              # the device manager's GetPreferredAllocation and Allocate calls are logged at 4
              "--vmodule=manager=4"],
             self.logs / f"{name}.log",
@@ -830,7 +878,12 @@ class Cluster:
         self.kubelet.start()
         self.wait_node_ready()
 
-    def add_node(self, name: str = EXTRA_NODES[0]) -> Kubelet:
+    def add_node(
+        self,
+        name: str = EXTRA_NODES[0],
+        binds: dict[Path, Path] | None = None,
+        node_ip: str | None = None,
+    ) -> Kubelet:
         """Start a runtime (kd-fakecri, or a containerd of its own on a containerd cluster) and
         a kubelet for one more Node ``name`` (one of ``EXTRA_NODES``) and wait until it is
         Ready; ``remove_node`` stops them and deletes the Node.
@@ -838,6 +891,8 @@ class Cluster:
         The kubelet runs in a mount namespace of its own (``Kubelet.private_mounts``): device
         plugins of the test process register with the first kubelet only; DRA drivers reach
         this one through its ``--root-dir`` (``kubelet.root``), which both namespaces see.
+        With ``binds`` (containerd only), the kubelet and its containerd share one mount
+        namespace with those bind mounts (``Kubelet.binds``); ``node_ip``: its ``--node-ip``.
         """
         if name not in EXTRA_NODES:
             raise ClusterError(f"no identity for Node {name}; add it to EXTRA_NODES")
@@ -851,6 +906,8 @@ class Cluster:
             self.pki / "ca.crt",
             node=name,
             private_mounts=True,
+            binds=dict(binds or {}),
+            node_ip=node_ip,
         )
         if self.runtime == "containerd":  # one runtime per node, with its own bridge and CDI dir
             assert self.runtime_dir is not None
@@ -866,6 +923,7 @@ class Cluster:
         kubelet = self.nodes.pop(name, None)
         if kubelet is not None:
             kubelet.stop_all()
+            kubelet.drop_namespace()
         with contextlib.suppress(ApiException):
             self.core.delete_node(name)
 

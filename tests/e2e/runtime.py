@@ -75,6 +75,9 @@ class Containerd:
         self.state = state
         self.bin = runtime_bin(scripts)
         self.endpoint = ""
+        #: an argv prefix for up.sh and down.sh (``nsenter --mount=...``): the runtime then
+        #: runs in that mount namespace (its kubelet's) and resolves host paths there
+        self.prefix: list[str] = []
         # a pod subnet of this run's own: another run's bridge on the machine keeps its own
         octet = zlib.crc32(str(state).encode()) % 200 + 20
         self.env = {
@@ -101,7 +104,7 @@ class Containerd:
         """Start containerd and load the images; return the CRI endpoint (``unix://...``)."""
         self.state.mkdir(parents=True, exist_ok=True)
         out = subprocess.run(
-            [str(self.scripts / "up.sh"), str(self.state)],
+            [*self.prefix, str(self.scripts / "up.sh"), str(self.state)],
             capture_output=True, text=True, env=self.env, check=False, timeout=180,
         )  # fmt: skip
         if out.returncode != 0:
@@ -118,7 +121,7 @@ class Containerd:
     def down(self) -> None:
         """Stop every container and shim, containerd, the overlay mounts, the bridge."""
         subprocess.run(
-            [str(self.scripts / "down.sh"), str(self.state)],
+            [*self.prefix, str(self.scripts / "down.sh"), str(self.state)],
             capture_output=True, env=self.env, check=False, timeout=120,
         )  # fmt: skip
 
