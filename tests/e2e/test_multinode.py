@@ -13,7 +13,9 @@ IP, not the chart's 0.0.0.0, which three drivers on one machine cannot share).
 
 A Deployment of pods with a 1-GPU claim (from a ResourceClaimTemplate) spreads over the three;
 a node is drained (cordoned, its pod evicted: the driver there unprepares it) and deleted: its
-ResourceSlices go with it (owned by the Node), its DaemonSet pod goes, and the Deployment's new
+ResourceSlices go with it (owned by the Node), its DaemonSet pod goes (the pod GC's work, 40 to
+60 s after the deletion: the same Node name comes back, and must find no old pod), and the
+Deployment's new
 pod gets a new claim on a node that stays. The node comes back as a new Node: the DaemonSet
 controller starts a driver pod there that becomes Ready, its slices appear and the next pod
 lands there.
@@ -37,7 +39,7 @@ from kubernetes import client
 
 from kubedevice.nvidia.fake import FakeNvml
 
-from .cluster import EXTRA_NODES, NODE, Cluster, Kubelet, poll_until, wait_for
+from .cluster import EXTRA_NODES, NODE, Cluster, ClusterError, Kubelet, poll_until, wait_for
 from .conftest import REPO
 from .dra import (
     claim_spec,
@@ -314,6 +316,10 @@ def test_three_nodes_a_node_drained_deleted_and_added(
             _scenario(cluster, ns, gpu, image_tar)
         finally:
             _release(cluster, ns)
+            # the driver pods too, while their kubelets run to stop them (a pod of a stopped
+            # node waits out the pod GC's 40 s); a failure above is the one to report
+            with contextlib.suppress(ClusterError):
+                cluster.delete_pods(ns)
 
 
 def _release(cluster: Cluster, ns: str) -> None:
