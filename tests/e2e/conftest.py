@@ -7,6 +7,8 @@ import contextlib
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,6 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 GPU = "nvidia.com/gpu"
+#: the project's image as the containerd tests load it (``image_tar``)
+IMAGE = "localhost/kubedevice:e2e"
 GENERIC_RESOURCE = "example.com/e2e"
 # one device per /dev/e2e* node, with an env, a mount and a CDI name, so a container's record
 # shows every kind of thing the generic plugin hands out
@@ -184,6 +188,29 @@ def _session_cluster() -> Iterator[None]:
         yield
     finally:
         _stop_cluster()
+
+
+@pytest.fixture(scope="session")
+def image_tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's image (``scripts/build-image``, tagged ``IMAGE``) as a tar, built once per
+    session for every containerd that loads it (each node's has a content store of its own)."""
+    c = cluster_on("containerd")
+    assert c.containerd is not None
+    if shutil.which("mmdebstrap") is None:
+        why = "the image build needs Debian's mmdebstrap: apt-get install mmdebstrap"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set: {why}", pytrace=False)
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("image") / "kubedevice-image.tar"
+    build = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build_image.py"), "--out", str(out),
+         "--tag", IMAGE],
+        capture_output=True, text=True, check=False, timeout=540,
+        env={**os.environ, "KUBEDEVICE_MKIMAGE": str(c.containerd.scripts / "mkimage.py")},
+    )  # fmt: skip
+    if build.returncode != 0:
+        pytest.fail(f"scripts/build-image failed:\n{build.stderr[-3000:]}", pytrace=False)
+    return out
 
 
 @pytest.fixture

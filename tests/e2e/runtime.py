@@ -132,7 +132,10 @@ class Containerd:
         )  # fmt: skip
         return out.stdout
 
-    def import_image(self, tar: Path) -> None:
+    def import_image(self, tar: Path, ref: str | None = None) -> None:
+        """Load the image tar (skipped when ``ref`` is given and already here)."""
+        if ref is not None and ref in self.ctr("images", "ls", "-q").split():
+            return
         self.ctr("images", "import", str(tar))
 
     def tasks(self) -> list[str]:

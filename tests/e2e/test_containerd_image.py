@@ -13,11 +13,9 @@ address (no kube-proxy here: the ``kubernetes`` Service's ClusterIP leads nowher
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,42 +24,26 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .cluster import NODE, Cluster, wait_for
-from .conftest import GPU, REPO, cluster_on
+from .conftest import GPU, IMAGE, cluster_on
 from .dra import wait_slices
 from .real import real_nvidia_nodes
 from .runtime import container_output
 
 pytestmark = [pytest.mark.containerd, pytest.mark.timeout(600)]
 
-TAG = "e2e"
-REPOSITORY = "localhost/kubedevice"
+REPOSITORY, TAG = IMAGE.split(":")
 FUSE = "kubedevice.io/fuse"  # the chart's default generic config: /dev/fuse, count 10
 GPU_LABEL = "nvidia.com/gpu.present"
 FAKE_NVML = {"name": "KUBEDEVICE_NVML", "value": "fake:dgx-8gpu"}
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
-    """Build the image (scripts/build-image) and import it into the cluster's containerd."""
+def image(image_tar: Path) -> str:
+    """The project's image (conftest's ``image_tar``) imported into the cluster's containerd."""
     c = cluster_on("containerd")
     assert c.containerd is not None
-    if shutil.which("mmdebstrap") is None:
-        why = "the image build needs Debian's mmdebstrap: apt-get install mmdebstrap"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set: {why}", pytrace=False)
-        pytest.skip(why)
-    out = c.workdir / "kubedevice-image.tar"
-    build = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "build_image.py"), "--out", str(out),
-         "--tag", f"{REPOSITORY}:{TAG}"],
-        capture_output=True, text=True, check=False, timeout=540,
-        env={**os.environ, "KUBEDEVICE_MKIMAGE": str(c.containerd.scripts / "mkimage.py")},
-    )  # fmt: skip
-    if build.returncode != 0:
-        pytest.fail(f"scripts/build-image failed:\n{build.stderr[-3000:]}", pytrace=False)
-    c.containerd.import_image(out)
-    out.unlink()
-    return f"{REPOSITORY}:{TAG}"
+    c.containerd.import_image(image_tar, IMAGE)
+    return IMAGE
 
 
 def _values(cluster: Cluster) -> dict[str, str]:

@@ -24,10 +24,7 @@ lands there.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +37,7 @@ from kubernetes import client
 from kubedevice.nvidia.fake import FakeNvml
 
 from .cluster import EXTRA_NODES, NODE, Cluster, ClusterError, Kubelet, poll_until, wait_for
-from .conftest import REPO
+from .conftest import IMAGE
 from .dra import (
     claim_spec,
     create_template,
@@ -144,30 +141,6 @@ def _claim_nodes(cluster: Cluster, ns: str) -> dict[str, str]:
     return out
 
 
-@pytest.fixture
-def image_tar(cluster: Cluster) -> Iterator[Path]:
-    """The project's image (scripts/build-image), kept as a tar for each node's containerd."""
-    assert cluster.containerd is not None
-    if shutil.which("mmdebstrap") is None:
-        why = "the image build needs Debian's mmdebstrap: apt-get install mmdebstrap"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set: {why}", pytrace=False)
-        pytest.skip(why)
-    out = cluster.workdir / "kubedevice-multinode.tar"
-    build = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "build_image.py"), "--out", str(out),
-         "--tag", f"{REPOSITORY}:{TAG}"],
-        capture_output=True, text=True, check=False, timeout=540,
-        env={**os.environ, "KUBEDEVICE_MKIMAGE": str(cluster.containerd.scripts / "mkimage.py")},
-    )  # fmt: skip
-    if build.returncode != 0:
-        pytest.fail(f"scripts/build-image failed:\n{build.stderr[-3000:]}", pytrace=False)
-    try:
-        yield out
-    finally:
-        out.unlink(missing_ok=True)
-
-
 @contextlib.contextmanager
 def _addresses() -> Iterator[None]:
     for ip in NODE_IPS.values():
@@ -192,7 +165,7 @@ def _add_node(cluster: Cluster, name: str, tar: Path | None) -> Kubelet:
     kubelet = cluster.add_node(name, binds=binds, node_ip=NODE_IPS[name])
     assert kubelet.containerd is not None
     if tar is not None:
-        kubelet.containerd.import_image(tar)
+        kubelet.containerd.import_image(tar, IMAGE)
     cluster.core.patch_node(name, {"metadata": {"labels": {GPU_LABEL: "true"}}})
     return kubelet
 
@@ -205,7 +178,7 @@ def three_nodes(cluster: Cluster, image_tar: Path) -> Iterator[list[Kubelet]]:
     with _addresses():
         try:
             t0 = time.monotonic()
-            cluster.containerd.import_image(image_tar)
+            cluster.containerd.import_image(image_tar, IMAGE)
             cluster.core.patch_node(NODE, {"metadata": {"labels": {GPU_LABEL: "true"}}})
             print(f"image import, first node: {time.monotonic() - t0:.1f} s")
             kubelets = [cluster.kubelet]
@@ -346,7 +319,7 @@ def _scenario(cluster: Cluster, ns: str, gpu: dict[str, Any], tar: Path) -> None
         print(f"driver pods Ready on 3 nodes: {time.monotonic() - t0:.1f} s")
         for node in everyone:
             wait_slices(cluster, GPU_DRIVER, lambda n: len(n) == GPUS, "4 GPUs", node=node)
-        _security_holds(cluster, drivers[NODE], f"{REPOSITORY}:{TAG}")
+        _security_holds(cluster, drivers[NODE], IMAGE)
     with device_class(cluster, f'device.driver == "{GPU_DRIVER}"') as cls:
         create_template(cluster, ns, "one-gpu", claim_spec(request("gpu", cls)))
         apps.create_namespaced_deployment(ns, _deployment(3))
