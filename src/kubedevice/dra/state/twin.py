@@ -11,8 +11,11 @@ file or the new one, whole, as with a rename.
 
 Crash safety: a process killed mid-write leaves ``path`` as it was (only the twin is being
 written). A power loss may keep the exchange but not the twin's unsynced data: ``path``
-then reads as a broken file and the twin holds the content before it, whole (it was the
-file under ``path`` until this write): the loader can start from it.
+then reads as a broken file (the twin holds the content before it, whole: it was the file
+under ``path`` until this write, and the loader starts from it) or, where none of the new
+blocks reached the disk, as the whole version two writes back. A save that must survive a
+power loss is therefore synced before the exchange; an unsynced save is followed by a synced
+one within milliseconds (:mod:`kubedevice.dra.state.saver`).
 Where the exchange is not supported (no ``renameat2``, a filesystem without it), a write
 is a plain rename over ``path`` (the twin is made again next time).
 
