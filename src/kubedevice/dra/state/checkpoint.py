@@ -23,6 +23,13 @@ loss right after an unsynced write can leave it) with the twin's version before 
 that one decodes, so a restarted driver can still unprepare what it prepared before
 whenever the file is sound.
 
+Each save numbers its version (``seq``, outside the checksum, which covers the claims as
+before). At load the twin is read too, and a whole twin with a higher number is taken: a
+power loss after an unsynced write's exchange, with none of its blocks on disk, leaves the
+file whole but two versions back (the twin's content before that write), and the twin the
+newer of the two. A file with no number (written by an earlier version of the kit, as
+during a rolling upgrade) is never passed over.
+
 Two instances of a driver on one node (a rolling upgrade) share the file: each takes the
 node's claims lock around its work (:class:`kubedevice.dra.state.lock.ClaimsLock`) and calls
 :meth:`Checkpoint.changed` under it, and reads the file again only when its identity
@@ -77,6 +84,7 @@ class Checkpoint:
         # (uid, state) -> (the claim object, its entry as canonical JSON)
         self._cache: dict[tuple[str, str | None], tuple[PreparedClaim, str]] = {}
         self._used: set[tuple[str, str | None]] = set()
+        self._seq = 0  # the number of the version last read or written
 
     def load(self) -> None:
         """Read the file (missing: empty; unreadable or not a regular file: moved aside, empty)."""
@@ -93,7 +101,7 @@ class Checkpoint:
             self._move_aside(f"cannot be read ({exc.strerror or exc})")
             return
         try:
-            self.claims, self.preparing = _decode(raw, self.driver_name)
+            self.claims, self.preparing, self._seq = _decode(raw, self.driver_name)
         except _BAD as exc:
             try:  # read before the move: a move may not leave it
                 earlier: bytes | None = read_regular(self._file.twin, _MAX_BYTES)
@@ -103,6 +111,7 @@ class Checkpoint:
             if earlier is not None and self.set_aside is not None:
                 self._take_twin(earlier)
             return
+        self._take_newer_twin()
         if self.claims or self.preparing:
             log.info(
                 "checkpoint %s: %d prepared claims, %d interrupted while preparing",
@@ -111,15 +120,43 @@ class Checkpoint:
                 len(self.preparing),
             )
 
+    def _take_newer_twin(self) -> None:
+        """Start from the twin instead of the whole file just read when the twin is whole
+        and numbered higher (the file is then two versions back: see the module's text)."""
+        try:
+            raw = read_regular(self._file.twin, _MAX_BYTES)
+            claims, preparing, seq = _decode(raw, self.driver_name)
+        except (*_BAD, OSError):  # none, not a regular file, or cut off: the usual case
+            return
+        if self._seq == 0 or seq <= self._seq:  # 0: written by a version that numbers none
+            return
+        older = self._seq
+        try:
+            os.replace(self._file.twin, self.path)
+        except OSError:
+            return
+        self.claims, self.preparing, self._seq = claims, preparing, seq
+        self._seen = self._identity()
+        log.warning(
+            "checkpoint %s: version %d is older than its twin's (%d, whole: a power loss "
+            "kept the exchange of an unsynced write but none of its data); starting from the "
+            "twin: %d prepared claims, %d interrupted while preparing",
+            self.path,
+            older,
+            seq,
+            len(claims),
+            len(preparing),
+        )
+
     def _take_twin(self, earlier: bytes) -> None:
         """Start from the twin's version (the one before the unreadable file), made the
         file again (so every instance reads it), when it decodes."""
         try:
-            claims, preparing = _decode(earlier, self.driver_name)
+            claims, preparing, seq = _decode(earlier, self.driver_name)
             os.replace(self._file.twin, self.path)
         except (*_BAD, OSError):
             return
-        self.claims, self.preparing = claims, preparing
+        self.claims, self.preparing, self._seq = claims, preparing, seq
         self._seen = self._identity()
         log.warning(
             "checkpoint %s: its version before the last write (%s) is whole; starting from "
@@ -154,9 +191,11 @@ class Checkpoint:
         canonical = ",".join(f"{json.dumps(uid)}:{entries[uid]}" for uid in keys)
         checksum = hashlib.sha256(f"{{{canonical}}}".encode()).hexdigest()
         lines = ",\n".join(f"{json.dumps(uid)}:{entries[uid]}" for uid in keys)
+        self._seq += 1
         text = (
             f'{{"checksum":"{checksum}","claims":{{\n{lines}\n}},'
-            f'"driver":{json.dumps(self.driver_name)},"version":{CHECKPOINT_VERSION}}}\n'
+            f'"driver":{json.dumps(self.driver_name)},"seq":{self._seq},'
+            f'"version":{CHECKPOINT_VERSION}}}\n'
         )
         self._cache = {key: self._cache[key] for key in self._used}
         self._used = set()
@@ -267,7 +306,8 @@ def _decode_object(entry: Mapping[str, Any], key: str) -> Mapping[str, Any] | No
 
 def _decode(
     raw: bytes, driver_name: str
-) -> tuple[dict[str, PreparedClaim], dict[str, PreparedClaim]]:
+) -> tuple[dict[str, PreparedClaim], dict[str, PreparedClaim], int]:
+    """The prepared and preparing claims of a file, and its version's number (0: none)."""
     if len(raw) > _MAX_BYTES:
         raise ValueError(f"larger than {_MAX_BYTES} bytes")
     document = json.loads(raw)
@@ -277,6 +317,9 @@ def _decode(
         raise ValueError(f"version {document.get('version')!r}, not {CHECKPOINT_VERSION}")
     if document.get("driver") != driver_name:
         raise ValueError(f"written by driver {document.get('driver')!r}, not {driver_name!r}")
+    seq = document.get("seq", 0)
+    if type(seq) is not int or seq < 0:
+        raise ValueError(f"seq {seq!r} is not a version number")
     claims = document["claims"]
     if not isinstance(claims, dict) or _checksum(claims) != document.get("checksum"):
         raise ValueError("checksum mismatch")
@@ -299,4 +342,4 @@ def _decode(
         if state not in (None, _PREPARING):
             raise ValueError(f"claim {uid}: unknown state {state!r}")
         (preparing if state == _PREPARING else prepared)[uid] = claim
-    return prepared, preparing
+    return prepared, preparing, seq

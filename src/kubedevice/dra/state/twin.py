@@ -13,9 +13,10 @@ Crash safety: a process killed mid-write leaves ``path`` as it was (only the twi
 written). A power loss may keep the exchange but not the twin's unsynced data: ``path``
 then reads as a broken file (the twin holds the content before it, whole: it was the file
 under ``path`` until this write, and the loader starts from it) or, where none of the new
-blocks reached the disk, as the whole version two writes back. A save that must survive a
-power loss is therefore synced before the exchange; an unsynced save is followed by a synced
-one within milliseconds (:mod:`kubedevice.dra.state.saver`).
+blocks reached the disk, as the whole version two writes back, the twin then being the
+newer: a save that must survive a power loss is synced before the exchange, and the
+checkpoint numbers its versions so that its loader takes a newer twin
+(:mod:`kubedevice.dra.state.checkpoint`).
 Where the exchange is not supported (no ``renameat2``, a filesystem without it), a write
 is a plain rename over ``path`` (the twin is made again next time).
 
