@@ -21,10 +21,11 @@ With ``--baseline DIR`` (another source tree's ``src/``, e.g. an older commit un
 Per driver also: RSS right after start (slices published, before any call), CPU per 60 s
 while idle (all drivers in one window of ``--seconds``), SIGTERM -> exit.
 
-The Go binaries come from ``../shared/k8s/anchors`` (``dra-example-kubeletplugin.xz``,
-``drabench.xz``, unpacked once under ``~/.cache/kubedevice-anchors``) or ``$KUBEDEVICE_ANCHORS``
-(a directory holding them, unpacked or not); without them the bench prints one line and
-exits 0.
+The Go binaries come from ``$KUBEDEVICE_ANCHORS``: a directory holding
+``dra-example-kubeletplugin`` (the dra-example-driver's kubelet plugin, built from its
+sources) and ``drabench`` (a Go client that calls a DRA socket as the kubelet does), plain or
+``.xz`` (unpacked once under ``~/.cache/kubedevice-anchors``); without them the bench prints
+one line and exits 0.
 
 Usage: ``python bench/bench_dra_go.py [--calls 30] [--rounds 2] [--seconds 60]``.
 """
@@ -66,14 +67,9 @@ BINARIES = ("dra-example-kubeletplugin", "drabench")
 def anchors() -> Path | None:
     """The directory with the two Go binaries unpacked (``None``: not on this machine)."""
     env = os.environ.get("KUBEDEVICE_ANCHORS")
-    source = Path(env) if env else None
-    if source is None:
-        for up in (ROOT.parent, ROOT.parent.parent):
-            if (up / "shared" / "k8s" / "anchors").is_dir():
-                source = up / "shared" / "k8s" / "anchors"
-                break
-    if source is None:
+    if not env:
         return None
+    source = Path(env)
     if all(os.access(source / b, os.X_OK) for b in BINARIES):
         return source
     cache = Path.home() / ".cache" / "kubedevice-anchors"
@@ -154,7 +150,7 @@ def main() -> None:
     args = parser.parse_args()
     go = anchors()
     if go is None:
-        print("bench_dra_go: skipped: no Go reference driver (../shared/k8s/anchors)")
+        print("bench_dra_go: skipped: no Go reference driver (set KUBEDEVICE_ANCHORS)")
         return
     compileall.compile_dir(ROOT / "src" / "kubedevice", quiet=1)  # as pip install leaves it
     root = Path(tempfile.mkdtemp(prefix="kd-go-", dir="/tmp"))

@@ -686,7 +686,8 @@ def main() -> int:
     bin_dir = find_binaries(ROOT)
     if bin_dir is None:
         print(
-            "bench_fleet: no Kubernetes binaries (../shared/k8s, or KUBEDEVICE_K8S_BIN)",
+            "bench_fleet: no Kubernetes binaries: set KUBEDEVICE_K8S_BIN to a directory with etcd, "
+            "kube-apiserver, kube-scheduler and kube-controller-manager (v1.34+)",
             file=sys.stderr,
         )
         return 2
