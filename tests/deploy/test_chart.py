@@ -530,6 +530,8 @@ def test_gpu_sharing_mps_adds_host_pid_compute_and_the_mps_dirs(tmp_path: Path) 
     plain = _gpu_render(tmp_path, "  migStrategy: none\n")
     assert "hostPID" not in plain["spec"]["template"]["spec"]
     assert "/dev/shm" not in _mounts(plain)
+    assert "/host/sys/fs/cgroup" not in _mounts(plain)
+    assert "--host-cgroup-root" not in container(plain)["args"]
     sharing = "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
     ds = _gpu_render(tmp_path, f"  mpsRoot: /run/mps\n{sharing}")
     assert ds["spec"]["template"]["spec"]["hostPID"] is True
@@ -538,3 +540,17 @@ def test_gpu_sharing_mps_adds_host_pid_compute_and_the_mps_dirs(tmp_path: Path) 
     assert _host_path(ds, "/run/mps") == "/run/mps"
     assert _host_path(ds, "/dev/shm") == "/run/mps/shm"
     assert container(ds)["securityContext"]["privileged"] is False
+    # the daemons in cgroups of their own, through the host's cgroup tree, outlive the pod
+    args = container(ds)["args"]
+    assert args[args.index("--host-cgroup-root") + 1] == "/host/sys/fs/cgroup"
+    assert _host_path(ds, "/host/sys/fs/cgroup") == "/sys/fs/cgroup"
+    assert not _mounts(ds)["/host/sys/fs/cgroup"].get("readOnly")
+    off = _gpu_render(
+        tmp_path, f"  mpsRoot: /run/mps\n{sharing}", **{"nvidia.mpsOutlivesPod": "false"}
+    )
+    assert off["spec"]["template"]["spec"]["hostPID"] is True
+    assert "/host/sys/fs/cgroup" not in _mounts(off)
+    assert "--host-cgroup-root" not in container(off)["args"]
+    hashes = {d["spec"]["template"]["metadata"]["annotations"]["kubedevice.io/args-hash"]
+              for d in (ds, off)}  # fmt: skip
+    assert len(hashes) == 2  # switching it rolls the pods

@@ -605,6 +605,8 @@ def test_gpu_driver_mps_adds_host_pid_compute_and_a_shared_dev_shm_only_when_ask
     env = {e["name"]: e.get("value") for e in container(plain)["env"]}
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     assert "/dev/shm" not in [m["mountPath"] for m in container(plain)["volumeMounts"]]
+    assert "/host/sys/fs/cgroup" not in [m["mountPath"] for m in container(plain)["volumeMounts"]]
+    assert "--host-cgroup-root" not in container(plain)["args"]
     docs = render(values={"dra.nvidia.enabled": "true", "dra.nvidia.mps": "true"})
     validate_all(docs)
     gpu = daemonset(docs, "dra-nvidia")
@@ -614,3 +616,29 @@ def test_gpu_driver_mps_adds_host_pid_compute_and_a_shared_dev_shm_only_when_ask
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"
     assert _host_path(gpu, "/dev/shm") == "/var/lib/kubelet/plugins/gpu.kubedevice.io/mps/shm"
     assert container(gpu)["securityContext"]["privileged"] is False
+    # the daemons in cgroups of their own, through the host's cgroup tree, outlive the pod
+    args = container(gpu)["args"]
+    assert args[args.index("--host-cgroup-root") + 1] == "/host/sys/fs/cgroup"
+    assert _host_path(gpu, "/host/sys/fs/cgroup") == "/sys/fs/cgroup"
+    [mount] = [m for m in container(gpu)["volumeMounts"] if m["mountPath"] == "/host/sys/fs/cgroup"]
+    assert not mount.get("readOnly")
+    assert _volumes(gpu)[mount["name"]]["hostPath"]["type"] == "Directory"
+
+
+def test_gpu_driver_mps_daemons_can_be_left_in_the_pod() -> None:
+    """dra.nvidia.mpsOutlivesPod=false: MPS without the host's cgroup tree (the daemons end
+    with the driver's container); a change of it rolls the pods."""
+    on = {"dra.nvidia.enabled": "true", "dra.nvidia.mps": "true"}
+    docs = render(values={**on, "dra.nvidia.mpsOutlivesPod": "false"})
+    validate_all(docs)
+    gpu = daemonset(docs, "dra-nvidia")
+    assert "--mps" in container(gpu)["args"]
+    assert "--host-cgroup-root" not in container(gpu)["args"]
+    assert "/host/sys/fs/cgroup" not in [m["mountPath"] for m in container(gpu)["volumeMounts"]]
+    assert "host-cgroup" not in _volumes(gpu)
+    before = daemonset(render(values=on), "dra-nvidia")
+    hash_key = "kubedevice.io/args-hash"
+    assert (
+        gpu["spec"]["template"]["metadata"]["annotations"][hash_key]
+        != before["spec"]["template"]["metadata"]["annotations"][hash_key]
+    )
