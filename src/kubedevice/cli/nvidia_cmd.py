@@ -116,6 +116,7 @@ def run_command(
     sys_root: str | None,
     driver_root: str | None,
     host_driver_root: str | None,
+    host_cgroup_root: str | None,
     cdi_dir: str | None,
     features_dir: str | None,
     pod_resources_socket: str | None,
@@ -136,6 +137,7 @@ def run_command(
         "sys_root": sys_root,
         "nvidia_driver_root": driver_root,
         "host_driver_root": host_driver_root,
+        "host_cgroup_root": host_cgroup_root,
         "cdi_dir": cdi_dir,
         "features_dir": features_dir,
         "pod_resources_socket": pod_resources_socket,
@@ -220,6 +222,7 @@ def dra_command(
     sys_root: str | None,
     driver_root: str | None,
     host_driver_root: str | None,
+    host_cgroup_root: str | None,
     mig_on_demand: bool,
     memory_shares: bool,
     mps: bool,
@@ -245,6 +248,7 @@ def dra_command(
             sys_root=sys_root,
             nvidia_driver_root=driver_root,
             host_driver_root=host_driver_root,
+            host_cgroup_root=host_cgroup_root,
             cdi_dir=None if cdi_dir is None else str(cdi_dir),
         )
         if mig_on_demand:

@@ -77,8 +77,9 @@ def pod_resources_socket_option(
 
 
 def root_options(config_key: Callable[[str], str], *, driver: bool) -> Callable[[F], F]:
-    """``--dev-root`` and ``--sys-root`` (and with ``driver``, ``--driver-root`` and
-    ``--host-driver-root``), each defaulting to the config key ``config_key(name)`` names.
+    """``--dev-root`` and ``--sys-root`` (and with ``driver``, ``--driver-root``,
+    ``--host-driver-root`` and ``--host-cgroup-root``), each defaulting to the config key
+    ``config_key(name)`` names.
     """
     specs = [
         ("--dev-root", "devRoot", "Where the host's /dev is."),
@@ -91,6 +92,12 @@ def root_options(config_key: Callable[[str], str], *, driver: bool) -> Callable[
                 "--host-driver-root",
                 "hostDriverRoot",
                 "The driver root as a path on the host, for CDI specs.",
+            ),
+            (
+                "--host-cgroup-root",
+                "hostCgroupRoot",
+                "The host's cgroup file systems as mounted here: MPS daemons get a cgroup "
+                "of their own there, to outlive this container ('' for none).",
             ),
         ]
     options = [

@@ -130,6 +130,11 @@ class Flags(Model):
     #: The same directory on the host, for the paths written into CDI specs
     #: (``None``: the same as ``nvidiaDriverRoot``).
     host_driver_root: AbsPath | None = None
+    #: The host's cgroup file systems as this process sees them (``/sys/fs/cgroup`` on the
+    #: host, a hostPath of it in a container): MPS control daemons are moved into a cgroup
+    #: of their own there, so they outlive this process's container (``None``: they stay in
+    #: its cgroup and end with it).
+    host_cgroup_root: AbsPath | None = None
     dev_root: AbsPath = "/dev"
     sys_root: AbsPath = "/sys"
     cdi_dir: AbsPath = "/var/run/cdi"
@@ -368,13 +373,14 @@ class Config(Model):
         return replace(self, flags=new)
 
 
-_OPTIONAL_PATHS: Final = frozenset({"features_dir", "host_driver_root"})
+_OPTIONAL_PATHS: Final = frozenset({"features_dir", "host_driver_root", "host_cgroup_root"})
 _PATHS: Final = frozenset(
     {
         "dev_root",
         "sys_root",
         "nvidia_driver_root",
         "host_driver_root",
+        "host_cgroup_root",
         "cdi_dir",
         "features_dir",
         "pod_resources_socket",

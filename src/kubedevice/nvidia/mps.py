@@ -18,6 +18,11 @@ holders remain is started again at once and the GPU is reported broken
 processes lost their MPS server. A new supervisor (the driver restarted) adopts the
 daemons it finds running (pid file, a live process whose command line is the control
 program's, not a zombie) for the GPUs still held, and stops the others.
+
+For a daemon to outlive the driver's container (an upgrade, a restart of the pod), it is
+moved into a cgroup of its own on the host, ``kubedevice-mps/<key>`` in every hierarchy
+(:mod:`kubedevice.nvidia.hostcgroup`), when the supervisor is given the host's cgroup
+file systems (``hostCgroupRoot``); without them it ends with the container.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from kubedevice.errors import ConfigError, KubeDeviceError
+from kubedevice.nvidia import hostcgroup
 from kubedevice.nvidia.backend import MpsControlProgram, NvmlBackend
 from kubedevice.nvidia.cdi import find_tool
 
@@ -69,6 +75,8 @@ PID_FILE: Final = "nvidia-cuda-mps-control.pid"
 CONTAINER_PIPE_DIR: Final = "/run/nvidia-mps"
 _MIB: Final = 1 << 20
 _TOOL: Final = "nvidia-cuda-mps-control"
+#: The cgroup (in every hierarchy of the host) that holds the daemons, one each under it.
+CGROUP: Final = "kubedevice-mps"
 
 
 class MpsError(KubeDeviceError):
@@ -228,6 +236,9 @@ class MpsDaemons:
         on_change: Called (on the loop) when a GPU turns broken or whole again.
         setup: Control commands sent to a GPU's daemon once it runs
             (``set_default_active_thread_percentage 25`` ...), by UUID.
+        cgroup_root: The host's cgroup file systems (``/host/sys/fs/cgroup``): each daemon
+            is moved into ``kubedevice-mps/<key>`` there, out of this process's cgroup, so it
+            outlives this container. ``None``: it stays in this process's cgroup.
     """
 
     def __init__(
@@ -239,8 +250,10 @@ class MpsDaemons:
         setup: Callable[[str], Sequence[str]] = lambda _uuid: (),
         start_timeout: float = 10.0,
         stop_timeout: float = 10.0,
+        cgroup_root: str | Path | None = None,
     ) -> None:
         self.root = root
+        self.cgroup_root = None if cgroup_root is None else Path(cgroup_root)
         self.command = list(command)
         self._name = Path(self.command[-1]).name
         self._on_change = on_change
@@ -252,6 +265,7 @@ class MpsDaemons:
         self._broken: dict[str, tuple[set[str], str]] = {}  # holders then, message
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._warned = False
         self.restarts = 0
 
     # ------------------------------------------------------------------ queries
@@ -261,6 +275,10 @@ class MpsDaemons:
         ``.../log``, the key a short digest of the UUID (Unix socket paths are short)."""
         base = self.root / _key(uuid)
         return MpsPaths(base / "pipe", base / "log")
+
+    def cgroup(self, uuid: str) -> str:
+        """The cgroup of the GPU's daemon on the host: ``kubedevice-mps/<key>``."""
+        return f"{CGROUP}/{_key(uuid)}"
 
     def pid(self, uuid: str) -> int | None:
         """The pid of the GPU's daemon, ``None`` when none runs for it."""
@@ -329,6 +347,7 @@ class MpsDaemons:
                 pid = _read_pid(self.paths(uuid).pipe)
                 if pid is not None and _alive(pid, self._name):
                     self._watch(uuid, pid)
+                    await asyncio.to_thread(self._outlive, uuid, pid)
                     log.info("MPS control daemon of %s adopted (pid %d)", uuid, pid)
                     continue
                 rebooted = _boot_id(self.paths(uuid)) != _current_boot_id()
@@ -392,6 +411,7 @@ class MpsDaemons:
         (paths.pipe.parent / _BOOT_FILE).write_text(_current_boot_id() + "\n")
         old = _read_pid(paths.pipe)
         if old is not None and _alive(old, self._name):  # running already: take it
+            self._outlive(uuid, old)
             return old
         for stale in (PID_FILE, "control"):
             with contextlib.suppress(FileNotFoundError):
@@ -411,11 +431,34 @@ class MpsDaemons:
                     f"{paths.pipe / PID_FILE} within {self.start_timeout:g} s"
                 )
             time.sleep(0.005)
+        self._outlive(uuid, pid)  # before its first client: the server it starts follows
         commands = list(self._setup(uuid))
         if commands:
             self._control(uuid, commands)
         log.info("MPS control daemon of %s started (pid %d)", uuid, pid)
         return pid
+
+    def _outlive(self, uuid: str, pid: int) -> None:
+        """Move the daemon into its own cgroup on the host (blocking), where one is given;
+        a failure is logged (once), not raised: the daemon works, it only ends with this
+        container."""
+        if self.cgroup_root is None or hostcgroup.member(pid, self.cgroup(uuid)):
+            return
+        try:
+            hostcgroup.move(self.cgroup_root, self.cgroup(uuid), pid)
+        except hostcgroup.HostCgroupError as exc:
+            level = logging.DEBUG if self._warned else logging.WARNING
+            self._warned = True
+            log.log(
+                level,
+                "MPS control daemon of %s stays in this container's cgroup and "
+                "ends with it (an upgrade restarts it, its clients lose it): %s",
+                uuid,
+                exc,
+            )
+            return
+        log.debug("MPS control daemon of %s (pid %d) moved to cgroup %s",
+                  uuid, pid, self.cgroup(uuid))  # fmt: skip
 
     def _control(self, uuid: str, commands: Sequence[str]) -> str:
         """Send control commands to the GPU's daemon (blocking); their output."""
@@ -502,6 +545,8 @@ class MpsDaemons:
         for name in (_UUID_FILE, _BOOT_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (paths.pipe.parent / name).unlink()
+        if self.cgroup_root is not None:
+            hostcgroup.remove(self.cgroup_root, self.cgroup(uuid))
 
 
 def _run(

@@ -58,11 +58,17 @@ class ReplicaMps:
         if not gpus and self.daemons is None:
             return False
         root = Path(config.flags.mps_root)
-        if self.daemons is None or self.daemons.root != root:
+        cgroups = config.flags.host_cgroup_root
+        cgroup_root = None if cgroups is None else Path(cgroups)
+        if (
+            self.daemons is None
+            or self.daemons.root != root
+            or self.daemons.cgroup_root != cgroup_root
+        ):
             command = control_command(self.backend, config.flags.nvidia_driver_root)
             if self.daemons is not None:
                 await self.daemons.close()
-            self.daemons = MpsDaemons(root, command, setup=self._setup)
+            self.daemons = MpsDaemons(root, command, setup=self._setup, cgroup_root=cgroup_root)
         self._parts = {u.uuid: (u.memory, replicas) for u in gpus}
         await self.daemons.adopt({u.uuid: {HOLDER} for u in gpus})
         return bool(gpus)

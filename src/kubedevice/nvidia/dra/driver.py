@@ -175,7 +175,10 @@ class GpuDraDriver(Driver):
             )
         if self.config.dra.mps and self.mps is None:
             command = control_command(self.backend, flags.nvidia_driver_root)
-            self.mps = MpsDaemons(self._mps_root, command, on_change=self._changed.set)
+            self.mps = MpsDaemons(
+                self._mps_root, command, on_change=self._changed.set,
+                cgroup_root=flags.host_cgroup_root,
+            )  # fmt: skip
         return devices
 
     def _on_demand(self, devices: list[GpuDevice], topology: Any) -> list[GpuDevice]:
