@@ -13,7 +13,12 @@ pidfd; a real daemon's own start-up, 75 ms on an H200, comes on top):
 * ``restart_with_4_shares``: a new driver taking over 4 prepared shares (``restore`` and the
   first device list): the daemon adopted, its pid unchanged.
 
-Usage: ``python bench/bench_mps.py [--rounds 20]``. Prints one JSON object.
+With ``--host-cgroup-root /sys/fs/cgroup`` (root, on a host whose cgroups can be written)
+each daemon is also moved into a cgroup of its own, as the chart's DaemonSets do so that it
+outlives the driver's container; ``own_cgroup`` says whether it was.
+
+Usage: ``python bench/bench_mps.py [--rounds 20] [--host-cgroup-root DIR]``. Prints one
+JSON object.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from kubedevice.dra import AllocatedDevice, Claim, ClaimRef
 from kubedevice.dra.model.types import PreparedClaim
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver
+from kubedevice.nvidia import hostcgroup
 from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
 MACHINE = "one-gpu-80gib"
@@ -62,13 +68,13 @@ async def _prepare(driver: GpuDraDriver, uid: str) -> tuple[PreparedClaim, float
     return held, took
 
 
-async def bench(rounds: int) -> dict[str, Any]:
+async def bench(rounds: int, cgroups: str | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="kd-bm-", dir="/tmp"))
     nvml = FakeNvml.from_file(MACHINE)
     write_fake_dev(nvml, work / "dev")
     write_fake_sysfs(nvml, work / "sys")
     config = Config(version="v1").with_overrides(
-        dev_root=str(work / "dev"), sys_root=str(work / "sys")
+        dev_root=str(work / "dev"), sys_root=str(work / "sys"), host_cgroup_root=cgroups
     )
     config = config.with_mps()
     root = work / "mps"
@@ -91,6 +97,8 @@ async def bench(rounds: int) -> dict[str, Any]:
             assert driver.mps.pid(uuid) is None
         held = [(await _prepare(driver, f"h{i}"))[0] for i in range(4)]
         pid = driver.mps.pid(uuid)
+        assert pid is not None
+        own = hostcgroup.member(pid, driver.mps.cgroup(uuid))
         await gen.aclose()
         t = time.perf_counter()
         second = GpuDraDriver(config, nvml, mps_root=root)
@@ -118,6 +126,8 @@ async def bench(rounds: int) -> dict[str, Any]:
         "machine": f"{cpu_model()}, {platform.python_implementation()} {platform.python_version()}",
         "gpu": f"fake {MACHINE}, the fake's MPS control daemon stand-in",
         "rounds": rounds,
+        "host_cgroup_root": cgroups,
+        "own_cgroup": own,
         "first_share_prepare": ms(first),
         "further_share_prepare": ms(further),
         "last_unprepare": ms(last),
@@ -133,8 +143,9 @@ async def bench(rounds: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--host-cgroup-root", default=None, metavar="DIR")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(bench(args.rounds)), indent=2))
+    print(json.dumps(asyncio.run(bench(args.rounds, args.host_cgroup_root)), indent=2))
     sys.stdout.flush()
 
 
