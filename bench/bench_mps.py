@@ -38,9 +38,9 @@ from _common import cpu_model, pct
 
 from kubedevice.dra import AllocatedDevice, Claim, ClaimRef
 from kubedevice.dra.model.types import PreparedClaim
+from kubedevice.nvidia import hostcgroup
 from kubedevice.nvidia.config import Config
 from kubedevice.nvidia.dra import GpuDraDriver
-from kubedevice.nvidia import hostcgroup
 from kubedevice.nvidia.fake import FakeNvml, write_fake_dev, write_fake_sysfs
 
 MACHINE = "one-gpu-80gib"
