@@ -293,6 +293,10 @@ class MpsDaemons:
         """GPU UUID -> why its clients lost their MPS server (a daemon that died)."""
         return {uuid: message for uuid, (_, message) in self._broken.items()}
 
+    def clear_fault(self, uuid: str, holder: str) -> None:
+        """``holder``'s clients of the GPU's daemon that died are gone (it still holds it)."""
+        self._heal(uuid, holder)
+
     # ------------------------------------------------------------------ holding
 
     def _lock(self, uuid: str) -> asyncio.Lock:

@@ -36,9 +36,17 @@ class ContainerRef:
 class PodResourcesClient:
     """``List`` on the kubelet's PodResources socket, reduced to device -> containers."""
 
-    def __init__(self, socket: Path = DEFAULT_POD_RESOURCES_SOCKET, *, timeout_s: float = 2.0):
+    def __init__(
+        self,
+        socket: Path = DEFAULT_POD_RESOURCES_SOCKET,
+        *,
+        timeout_s: float = 2.0,
+        meanwhile: str = "GPU metrics carry no pod labels until it answers",
+    ):
         self.socket = Path(socket).absolute()  # gRPC's unix:// target needs an absolute path
         self.timeout_s = timeout_s
+        self.meanwhile = meanwhile
+        """What the logged failure says it costs."""
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: pr_grpc.PodResourcesListerStub | None = None
@@ -97,8 +105,9 @@ class PodResourcesClient:
     def _fail(self, why: str) -> None:
         if not self._warned:
             log.warning(
-                "cannot list pod resources: %s; GPU metrics carry no pod labels until it answers",
+                "cannot list pod resources: %s; %s",
                 why,
+                self.meanwhile,
                 extra={"socket": str(self.socket)},
             )
             self._warned = True

@@ -165,8 +165,9 @@ class GpuPlugins(PluginDaemon):
         self._device_gpu: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
-        self.mps = ReplicaMps(backend)
-        """``sharing.mps``: the MPS control daemons of the shared GPUs."""
+        self.mps = ReplicaMps(backend, self._health_changed)
+        """``sharing.mps``: the MPS control daemons of the shared GPUs (a GPU whose daemon
+        died has its replicas Unhealthy: :meth:`ReplicaMps.fault`)."""
         self._mps_on = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -213,7 +214,7 @@ class GpuPlugins(PluginDaemon):
         derived = await asyncio.to_thread(self._derive, self._config)
         self.health = HealthState(self._config.health, self.hardware.parents)
         await self.server.start()
-        self._mps_on = await self.mps.sync(derived.config, list(derived.inventory.units.values()))
+        self._mps_on = await self.mps.sync(derived.config, derived.inventory)
         swap, fresh = self._swap(derived)
         if derived.cdi_spec is not None:
             await asyncio.to_thread(write_spec, derived.config.flags.cdi_dir, derived.cdi_spec)
@@ -318,6 +319,8 @@ class GpuPlugins(PluginDaemon):
             log.error("node labels not written: %s", exc)
 
     def _healthy(self, uuid: str) -> bool:
+        if self.mps.fault(uuid) is not None:  # its MPS daemon died (health.disabled is NVML's)
+            return False
         return self.health is None or self._config.health.disabled or self.health.healthy(uuid)
 
     def _swap(self, derived: _Derived) -> tuple[PluginSwap, list[GpuResourcePlugin]]:
@@ -455,8 +458,7 @@ class GpuPlugins(PluginDaemon):
             derived = await asyncio.to_thread(self._derive, config)
             # Everything that can be checked first, then the plugins (undone if the CDI
             # spec cannot be written), then the commit; the labels last.
-            units = list(derived.inventory.units.values())
-            self._mps_on = await self.mps.sync(derived.config, units)
+            self._mps_on = await self.mps.sync(derived.config, derived.inventory)
             swap, fresh = self._swap(derived)
             await swap.apply()
             if derived.cdi_spec is not None:
