@@ -18,11 +18,12 @@ the daemon runs and no container that held a replica of that GPU at the death (a
 kubelet's PodResources ``List`` names them: pod, container, device) holds one any more,
 as the DRA driver keeps its ``mps-daemon`` taint until every share prepared before the
 death is unprepared. PodResources is asked once when the daemon dies and every
-:data:`RECHECK_S` seconds until then. While it does not answer, nobody can tell when
-those clients are gone, so the replicas stay Unhealthy (a period that ends on its own
-would offer the GPU while pods that lost their server may still run and look fine);
-restarting the plugin clears it (the new plugin adopts the running daemon), an operator's
-word that the pods concerned were dealt with.
+:data:`RECHECK_S` seconds until then. While it does not answer (the socket not mounted),
+nobody can tell when those clients are gone, so the replicas stay Unhealthy: a period that
+ends on its own would look healthy while pods that lost their server may still run.
+Restarting the plugin clears it when the new plugin finds the daemon running (it adopts
+it), an operator's word that the pods concerned were dealt with; a daemon that ended with
+the plugin's container is found dead, which is a death of its own.
 """
 
 from __future__ import annotations
