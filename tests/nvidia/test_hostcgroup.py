@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,3 +210,39 @@ def test_without_the_host_cgroups_the_daemon_ends_with_its_container(
         _kill_container(f"{group}/container")
         proc.wait(timeout=10)
     assert _ends(pid, timeout=10), "the daemon outlived its container"
+
+
+_JOIN = """
+import sys
+from pathlib import Path
+from kubedevice.nvidia import hostcgroup
+
+def view() -> str:
+    return Path("/proc/thread-self/cgroup").read_text()
+
+before, seen = view(), []
+hostcgroup._in_namespace(sys.argv[1], lambda: seen.append(view()))
+print(before + "--\\n" + seen[0] + "--\\n" + view(), end="")
+"""
+
+
+@needs_cgroups
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare")
+def test_a_thread_joins_the_hosts_cgroup_namespace_and_only_it(group: str) -> None:
+    """As in a container on cgroup v2 with a cgroup namespace of its own: the move is made
+    from a thread that joined the host's namespace (here: this test's), where the
+    container's cgroup shows by its host path; the process's other threads keep their own."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = f'read go; exec unshare -C {sys.executable} -c "$0" "$1"'
+    with subprocess.Popen(
+        ["sh", "-c", script, _JOIN, f"/proc/{os.getpid()}/ns/cgroup"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    ) as proc:  # fmt: skip
+        hostcgroup.move(ROOT, f"{group}/container", proc.pid)  # then its namespace is made
+        out, _ = proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 0, out
+    before, joined, after = (part.splitlines() for part in out.split("--\n"))
+    assert len(before) == len(joined) > 0, out
+    assert all(line.endswith(":/") for line in before), before
+    assert all(line.endswith(f"/{group}/container") for line in joined), joined
+    assert after == before

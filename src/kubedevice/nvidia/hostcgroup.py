@@ -35,6 +35,7 @@ from kubedevice.errors import KubeDeviceError
 __all__ = ["HostCgroupError", "hierarchies", "member", "move", "remove"]
 
 _PROCS: Final = "cgroup.procs"
+_HOST_NAMESPACE: Final = "/proc/1/ns/cgroup"
 _CLONE_NEWCGROUP: Final = 0x02000000
 _PART: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
@@ -83,7 +84,7 @@ def move(root: Path, group: str, pid: int) -> None:
     _check(group)
     found = hierarchies(root)
     if _private_namespace():
-        _in_host_namespace(lambda: _move(found, group, pid))
+        _in_namespace(_HOST_NAMESPACE, lambda: _move(found, group, pid))
     else:
         _move(found, group, pid)
 
@@ -173,14 +174,15 @@ def _private_namespace() -> bool:
     return host is not None and host != _namespace("self")
 
 
-def _in_host_namespace(work: Callable[[], None]) -> None:
-    """Run ``work`` in a thread of its own that first joins the host's cgroup namespace
-    (a namespace joined is the thread's alone; the thread ends with the work)."""
+def _in_namespace(namespace: str, work: Callable[[], None]) -> None:
+    """Run ``work`` in a thread of its own that first joins the cgroup namespace
+    ``namespace`` (the host's: ``/proc/1/ns/cgroup``); a namespace joined is the thread's
+    alone, and the thread ends with the work."""
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            fd = os.open("/proc/1/ns/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
                 if libc.setns(fd, _CLONE_NEWCGROUP) != 0:
