@@ -51,6 +51,7 @@ __all__ = [
     "PID_FILE",
     "PINNED_MEMORY_ENV",
     "PIPE_ENV",
+    "RESTART_ADVICE",
     "MpsDaemons",
     "MpsError",
     "MpsPaths",
@@ -77,6 +78,11 @@ _MIB: Final = 1 << 20
 _TOOL: Final = "nvidia-cuda-mps-control"
 #: The cgroup (in every hierarchy of the host) that holds the daemons, one each under it.
 CGROUP: Final = "kubedevice-mps"
+#: What a fault's message says after the death (``MpsDaemons(advice=...)``): the DRA driver's.
+RESTART_ADVICE: Final = (
+    "the processes that were its clients lost their MPS server; restart them "
+    "(this clears when every share prepared before is unprepared)"
+)
 
 
 class MpsError(KubeDeviceError):
@@ -239,6 +245,7 @@ class MpsDaemons:
         cgroup_root: The host's cgroup file systems (``/host/sys/fs/cgroup``): each daemon
             is moved into ``kubedevice-mps/<key>`` there, out of this process's cgroup, so it
             outlives this container. ``None``: it stays in this process's cgroup.
+        advice: What a fault's message tells the user to do, and when it clears.
     """
 
     def __init__(
@@ -251,7 +258,9 @@ class MpsDaemons:
         start_timeout: float = 10.0,
         stop_timeout: float = 10.0,
         cgroup_root: str | Path | None = None,
+        advice: str = RESTART_ADVICE,
     ) -> None:
+        self.advice = advice
         self.root = root
         self.cgroup_root = None if cgroup_root is None else Path(cgroup_root)
         self.command = list(command)
@@ -360,7 +369,7 @@ class MpsDaemons:
                     log.info("MPS control daemon of %s started again after a reboot", uuid)
                     continue
                 message = f"MPS control daemon of {uuid} was not running; started again"
-                self._broken[uuid] = (set(held), message + _RESTART_ADVICE)
+                self._broken[uuid] = (set(held), f"{message}: {self.advice}")
                 self._on_change()
 
     async def close(self) -> None:
@@ -510,7 +519,7 @@ class MpsDaemons:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             message = f"MPS control daemon of {uuid} (pid {pid}) died at {stamp}; started again"
             log.warning("%s", message)
-            self._broken[uuid] = (held, message + _RESTART_ADVICE)
+            self._broken[uuid] = (held, f"{message}: {self.advice}")
             self._on_change()
             while self._holders.get(uuid):
                 try:
@@ -578,9 +587,3 @@ def _run(
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         raise MpsError(f"{what}: {lines[-1] if lines else f'exit status {proc.returncode}'}")
     return proc.stdout
-
-
-_RESTART_ADVICE: Final = (
-    ": the processes that were its clients lost their MPS server; restart them "
-    "(this clears when every share prepared before is unprepared)"
-)

@@ -53,6 +53,11 @@ __all__ = ["HOLDER", "RECHECK_S", "ReplicaMps"]
 
 log = logging.getLogger(__name__)
 
+_ADVICE: Final = (
+    "the processes that were its clients lost their MPS server; restart them (the GPU's "
+    "replicas are Unhealthy until no container that held one then still does)"
+)
+
 #: Who holds the plugin's daemons.
 HOLDER = "device-plugin"
 #: How often PodResources is asked while a GPU's replicas are Unhealthy for a dead daemon.
@@ -112,8 +117,9 @@ class ReplicaMps:
             if self.daemons is not None:
                 await self.daemons.close()
             self.daemons = MpsDaemons(
-                root, command, on_change=self._changed, setup=self._setup, cgroup_root=cgroup_root
-            )
+                root, command, on_change=self._changed, setup=self._setup,
+                cgroup_root=cgroup_root, advice=_ADVICE,
+            )  # fmt: skip
         await self._sync_client(Path(config.flags.pod_resources_socket) if gpus else None)
         self._parts = {u.uuid: (u.memory, replicas) for u in gpus}
         self._replicas = {
