@@ -26,6 +26,8 @@ from kubedevice.nvidia.fake.nvml import FakeNvml
 from kubedevice.nvidia.hostcgroup import HostCgroupError
 from kubedevice.nvidia.mps import CGROUP, MpsDaemons
 
+from .conftest import alive
+
 ROOT = Path("/sys/fs/cgroup")
 UUID = "GPU-5e1f0c2a-0000-4000-8000-000000000001"
 
@@ -156,14 +158,6 @@ def _start_in_container(group: str, root: Path, cgroups: str) -> tuple[subproces
     return proc, int(line)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _ends(pid: int, timeout: float) -> bool:
     """Whether ``pid`` ends (or is a zombie) within ``timeout`` (its pidfd turns readable)."""
     try:
@@ -174,12 +168,12 @@ def _ends(pid: int, timeout: float) -> bool:
         readable, _, _ = select.select([fd], [], [], timeout)
     finally:
         os.close(fd)
-    return bool(readable) or not _alive(pid)
+    return bool(readable) or not alive(pid)
 
 
 @needs_cgroups
-def test_an_mps_daemon_outlives_the_container_that_started_it(group: str, tmp_path: Path) -> None:
-    root = tmp_path / "mps"
+def test_an_mps_daemon_outlives_the_container_that_started_it(group: str, mps_root: Path) -> None:
+    root = mps_root
     proc, pid = _start_in_container(group, root, str(ROOT))
     key = next(root.glob("*/gpu-uuid")).parent.name
     try:
@@ -188,23 +182,23 @@ def test_an_mps_daemon_outlives_the_container_that_started_it(group: str, tmp_pa
             assert not hostcgroup.member(pid, f"{group}/container")
             _kill_container(f"{group}/container")
             assert proc.wait(timeout=10) == -signal.SIGKILL
-        assert _alive(pid), "the daemon went with the container"
+        assert alive(pid), "the daemon went with the container"
     finally:
         # the next driver finds nobody holds it: stopped, its cgroups removed
         daemons = MpsDaemons(root, _control_command(), cgroup_root=ROOT)
         asyncio.run(daemons.adopt({}))
         assert daemons.pid(UUID) is None
-    assert not _alive(pid)
+    assert not alive(pid)
     for hierarchy in hostcgroup.hierarchies(ROOT):
         assert not (hierarchy / CGROUP / key).exists(), hierarchy
 
 
 @needs_cgroups
 def test_without_the_host_cgroups_the_daemon_ends_with_its_container(
-    group: str, tmp_path: Path
+    group: str, mps_root: Path
 ) -> None:
     """The control: a daemon left in the container's cgroup is killed with it."""
-    proc, pid = _start_in_container(group, tmp_path / "mps", "")
+    proc, pid = _start_in_container(group, mps_root, "")
     with proc:
         assert hostcgroup.member(pid, f"{group}/container"), _lines(pid)
         _kill_container(f"{group}/container")
