@@ -452,7 +452,12 @@ def allocated(claim: Any) -> list[str]:
 def delete_pod(cluster: Cluster, ns: str, name: str) -> None:
     """Delete a pod and wait until it is gone from the API server (the kubelet let it go)."""
     cluster.core.delete_namespaced_pod(name, ns)
-    deadline = time.monotonic() + 60
+    wait_pod_gone(cluster, ns, name)
+
+
+def wait_pod_gone(cluster: Cluster, ns: str, name: str, timeout: float = 60) -> None:
+    """Watch until the pod is gone from the API server (its containers stopped)."""
+    deadline = time.monotonic() + timeout
     w = None
     from kubernetes import watch
 
@@ -473,7 +478,7 @@ def delete_pod(cluster: Cluster, ns: str, name: str) -> None:
                     return
         finally:
             w.stop()
-    raise ClusterError(f"pod {ns}/{name} was not deleted in 60 s")
+    raise ClusterError(f"pod {ns}/{name} was not deleted in {timeout:g} s")
 
 
 def release(cluster: Cluster, ns: str, drivers: list[DraDriver]) -> None:

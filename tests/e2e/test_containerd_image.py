@@ -2,7 +2,8 @@
 (``scripts/build-image``: mmdebstrap + pip + mkimage), imported into the test's containerd, and
 run by the chart's DaemonSets on the real runtime: the daemon inside registers with the kubelet
 through the hostPath it mounts, the DRA drivers publish their slices from inside, and the
-chart's security context holds (read-only root, no capabilities, dumb-init as pid 1).
+chart's security context holds (read-only root, no capabilities, dumb-init as pid 1). With
+``dra.nvidia.mps`` the GPU's MPS control daemon outlives a rollout of the driver's pod.
 
 Two things stand in for a real node's: the GPU components run the fake NVML
 (``KUBEDEVICE_NVML=fake:dgx-8gpu`` added to their env, real char nodes for its /dev/nvidia*),
@@ -13,7 +14,10 @@ address (no kube-proxy here: the ``kubernetes`` Service's ClusterIP leads nowher
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +27,21 @@ from deploy.render import by_kind, daemonset, render
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .cluster import NODE, Cluster, wait_for
+from kubedevice.nvidia.mps import running_daemons
+
+from .cluster import NODE, Cluster, ClusterError, poll_until, wait_for
 from .conftest import GPU, IMAGE, cluster_on
-from .dra import wait_slices
-from .real import real_nvidia_nodes
+from .dra import (
+    allocated,
+    create_template,
+    delete_pod,
+    device_class,
+    pod_claim,
+    slice_devices,
+    wait_pod_gone,
+    wait_slices,
+)
+from .real import Seen, claim_show_pod, real_nvidia_nodes, run_holding
 from .runtime import container_output
 
 pytestmark = [pytest.mark.containerd, pytest.mark.timeout(600)]
@@ -35,6 +50,9 @@ REPOSITORY, TAG = IMAGE.split(":")
 FUSE = "kubedevice.io/fuse"  # the chart's default generic config: /dev/fuse, count 10
 GPU_LABEL = "nvidia.com/gpu.present"
 FAKE_NVML = {"name": "KUBEDEVICE_NVML", "value": "fake:dgx-8gpu"}
+DRA_GPU = "gpu.kubedevice.io"
+#: a share's container prints the pid in its MPS pipe dir (the daemon it is a client of)
+MPS_LOOK = "echo PID $(cat /run/nvidia-mps/*.pid)"
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +78,39 @@ def _values(cluster: Cluster) -> dict[str, str]:
 def _with_env(ds: dict[str, Any], *env: dict[str, str]) -> None:
     [c] = ds["spec"]["template"]["spec"]["containers"]
     c.setdefault("env", []).extend(env)
+
+
+def _fake_nodes() -> tuple[str, ...]:
+    """The /dev/nvidia* nodes of the fake machine the GPU components run on (FAKE_NVML)."""
+    from kubedevice.nvidia.fake import FakeNvml
+
+    machine = FakeNvml.from_file("dgx-8gpu")
+    try:
+        return tuple(machine.machine.dev_nodes)
+    finally:
+        machine.close()
+
+
+def _dra_values(cluster: Cluster, **values: str) -> dict[str, str]:
+    assert cluster.kubelet is not None
+    return {
+        "image.repository": REPOSITORY,
+        "image.tag": TAG,
+        "generic.enabled": "false",
+        "dra.kubeletDir": str(cluster.kubelet.root),
+        "dra.cdiDir": str(cluster.cdi_dir),
+        **values,
+    }
+
+
+def _api_from_host_network(cluster: Cluster, ds: dict[str, Any]) -> None:
+    """No kube-proxy here: the API server's own address, from the host's network."""
+    ds["spec"]["template"]["spec"]["hostNetwork"] = True
+    _with_env(
+        ds,
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.api_port)},
+    )
 
 
 def _create(cluster: Cluster, ns: str, docs: list[dict[str, Any]]) -> list[Any]:
@@ -108,12 +159,15 @@ def _node_label(cluster: Cluster, key: str) -> Iterator[None]:
             cluster.core.patch_node(NODE, {"metadata": {"labels": {key: None}}})
 
 
-def _running(cluster: Cluster, ns: str, ds: dict[str, Any]) -> Any:
+def _running(cluster: Cluster, ns: str, ds: dict[str, Any], *, but: str = "") -> Any:
+    """A Running, ready pod of the DaemonSet (other than the pod named ``but``)."""
     selector = ",".join(f"{k}={v}" for k, v in ds["spec"]["selector"]["matchLabels"].items())
     return wait_for(
         cluster.core.list_namespaced_pod,
         lambda p: (
-            p.status.phase == "Running"
+            p.metadata.name != but
+            and p.metadata.deletion_timestamp is None
+            and p.status.phase == "Running"
             and all(s.ready for s in p.status.container_statuses or [None])
         ),
         90,
@@ -185,15 +239,8 @@ def test_gpu_chart_on_a_fake_gpu_node(cluster: Cluster, ns: str, image: str) -> 
     docs = render(namespace=ns, values={"nvidia.enabled": "true", **_values(cluster)})
     gpu = daemonset(docs, "nvidia")
     _with_env(gpu, FAKE_NVML)
-    from kubedevice.nvidia.fake import FakeNvml
-
-    machine = FakeNvml.from_file("dgx-8gpu")
-    try:
-        nodes = machine.machine.dev_nodes
-    finally:
-        machine.close()
     with (
-        real_nvidia_nodes(nodes),
+        real_nvidia_nodes(_fake_nodes()),
         _node_label(cluster, GPU_LABEL),
         _chart(cluster, ns, docs),
     ):
@@ -206,36 +253,14 @@ def test_gpu_chart_on_a_fake_gpu_node(cluster: Cluster, ns: str, image: str) -> 
 
 
 def test_dra_daemonsets_publish_from_inside(cluster: Cluster, ns: str, image: str) -> None:
-    assert cluster.kubelet is not None
-    docs = render(
-        namespace=ns,
-        release=f"dra-{ns[-5:]}",
-        values={
-            "image.repository": REPOSITORY,
-            "image.tag": TAG,
-            "dra.nvidia.enabled": "true",
-            "dra.generic.enabled": "true",
-            "generic.enabled": "false",
-            "dra.kubeletDir": str(cluster.kubelet.root),
-            "dra.cdiDir": str(cluster.cdi_dir),
-        },
-    )
+    values = _dra_values(cluster, **{"dra.nvidia.enabled": "true", "dra.generic.enabled": "true"})
+    docs = render(namespace=ns, release=f"dra-{ns[-5:]}", values=values)
     gpu, gen = daemonset(docs, "dra-nvidia"), daemonset(docs, "dra-generic")
-    api = {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}
-    port = {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.api_port)}
-    for ds in (gpu, gen):  # no kube-proxy here: the API server's own address, host network
-        ds["spec"]["template"]["spec"]["hostNetwork"] = True
-        _with_env(ds, api, port)
+    for ds in (gpu, gen):
+        _api_from_host_network(cluster, ds)
     _with_env(gpu, FAKE_NVML)
-    from kubedevice.nvidia.fake import FakeNvml
-
-    machine = FakeNvml.from_file("dgx-8gpu")
-    try:
-        nodes = machine.machine.dev_nodes
-    finally:
-        machine.close()
     with (
-        real_nvidia_nodes(nodes),
+        real_nvidia_nodes(_fake_nodes()),
         _node_label(cluster, GPU_LABEL),
         _chart(cluster, ns, docs),
     ):
@@ -245,3 +270,96 @@ def test_dra_daemonsets_publish_from_inside(cluster: Cluster, ns: str, image: st
             wait_slices(cluster, "dev.kubedevice.io", lambda n: len(n) == 10, "10 fuse", 90)
             for pod in pods:
                 _security_holds(cluster, pod, image)
+
+
+def _mps_pid(seen: Seen) -> str:
+    """The daemon pid a share's container read from its pipe dir (``MPS_LOOK``)."""
+    [line] = [ln for ln in seen.output.splitlines() if ln.startswith("PID ")]
+    return line.split(" ", 1)[1].strip()
+
+
+def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
+    cluster: Cluster, ns: str, image: str
+) -> None:
+    """dra.nvidia.mps: the GPU's MPS control daemon, started by the driver's pod for a share,
+    is in a cgroup of its own on the host (--host-cgroup-root), so when a rollout replaces
+    the pod (containerd kills every process of the old container's cgroup) it lives on: the
+    new pod adopts it (same pid), the GPU is not tainted, the share's pod keeps running and a
+    second share gets the same daemon; the last unprepare stops it."""
+    assert cluster.kubelet is not None
+    root = cluster.kubelet.root / "plugins" / DRA_GPU / "mps"
+
+    def driver(metrics_port: int) -> dict[str, Any]:
+        values = {"dra.nvidia.enabled": "true", "dra.nvidia.mps": "true",
+                  "dra.nvidia.metricsPort": str(metrics_port)}  # fmt: skip
+        docs = render(namespace=ns, release=f"mps-{ns[-5:]}", values=_dra_values(cluster, **values))
+        ds = daemonset(docs, "dra-nvidia")
+        _api_from_host_network(cluster, ds)
+        _with_env(ds, FAKE_NVML)
+        return docs
+
+    docs = driver(9482)
+    gpu = daemonset(docs, "dra-nvidia")
+    # the upgrade: another metrics port (on the host's network two pods cannot share one)
+    upgrade = [{"op": "replace", "path": "/spec/template",
+                "value": daemonset(driver(9483), "dra-nvidia")["spec"]["template"]}]  # fmt: skip
+    apps = client.AppsV1Api(cluster.api)
+    marks = [("start", time.monotonic())]
+    index0 = f'device.driver == "{DRA_GPU}" && device.attributes["{DRA_GPU}"].index == 0'
+    with (
+        real_nvidia_nodes(_fake_nodes()),
+        _node_label(cluster, GPU_LABEL),
+        _chart(cluster, ns, docs),
+        device_class(cluster, index0) as cls,
+    ):
+        old = _running(cluster, ns, gpu)
+        try:
+            with _logs_on_failure(ns, old):
+                wait_slices(cluster, DRA_GPU, lambda n: "gpu-0" in n, "gpu-0", 60)
+                marks.append(("driver up", time.monotonic()))
+                exactly = {"deviceClassName": cls, "capacity": {"requests": {"memory": "20Gi"}}}
+                spec = {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}
+                create_template(cluster, ns, "mem", spec)
+                a = run_holding(cluster, ns, [claim_show_pod("a", template="mem", extra=MPS_LOOK)])
+                [pid] = running_daemons(root)
+                assert _mps_pid(a["a"]) == str(pid), a["a"].output
+                a_pod = cluster.core.read_namespaced_pod("a", ns)
+                marks.append(("share a runs", time.monotonic()))
+                # the rollout: a new pod beside the old one (maxSurge 1), then the old one goes
+                apps.patch_namespaced_daemon_set(gpu["metadata"]["name"], ns, upgrade)
+                new = _running(cluster, ns, gpu, but=old.metadata.name)
+                wait_pod_gone(cluster, ns, old.metadata.name, 60)
+                marks.append(("rolled", time.monotonic()))
+            with _logs_on_failure(ns, new):
+                poll_until("a live MPS daemon", lambda: bool(running_daemons(root)), 15)
+                now = running_daemons(root)
+                assert now == [pid], (
+                    f"the MPS daemon (pid {pid}) did not outlive the old driver's pod: now {now}"
+                )
+                assert not slice_devices(cluster, DRA_GPU)["gpu-0"].taints
+                held = cluster.core.read_namespaced_pod("a", ns)
+                assert held.status.phase == "Running"
+                assert held.metadata.uid == a_pod.metadata.uid
+                [status] = held.status.container_statuses
+                assert status.restart_count == 0
+                assert status.state.running is not None
+                b = run_holding(cluster, ns, [claim_show_pod("b", template="mem", extra=MPS_LOOK)])
+                assert _mps_pid(b["b"]) == str(pid), b["b"].output
+                for name in ("a", "b"):
+                    assert allocated(pod_claim(cluster, ns, name)) == ["gpu-0"]
+                assert running_daemons(root) == [pid]
+                marks.append(("share b runs", time.monotonic()))
+                for name in ("a", "b"):
+                    delete_pod(cluster, ns, name)
+                poll_until("the daemon gone", lambda: not running_daemons(root), 30)
+                assert not Path(f"/proc/{pid}").exists()
+                marks.append(("daemon gone", time.monotonic()))
+        finally:
+            for name in ("a", "b"):  # unprepared while the driver runs
+                with contextlib.suppress(ApiException, ClusterError):
+                    delete_pod(cluster, ns, name)
+            for left in running_daemons(root):  # the driver's, should a step above fail
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(left, signal.SIGKILL)
+    steps = ", ".join(f"{w} {t - marks[0][1]:.1f}s" for w, t in marks[1:])
+    print(f"MPS rollout timings: {steps}")
