@@ -532,6 +532,7 @@ def test_gpu_sharing_mps_adds_host_pid_compute_and_the_mps_dirs(tmp_path: Path) 
     assert "/dev/shm" not in _mounts(plain)
     assert "/host/sys/fs/cgroup" not in _mounts(plain)
     assert "--host-cgroup-root" not in container(plain)["args"]
+    assert "add" not in container(plain)["securityContext"]["capabilities"]
     sharing = "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
     ds = _gpu_render(tmp_path, f"  mpsRoot: /run/mps\n{sharing}")
     assert ds["spec"]["template"]["spec"]["hostPID"] is True
@@ -545,12 +546,17 @@ def test_gpu_sharing_mps_adds_host_pid_compute_and_the_mps_dirs(tmp_path: Path) 
     assert args[args.index("--host-cgroup-root") + 1] == "/host/sys/fs/cgroup"
     assert _host_path(ds, "/host/sys/fs/cgroup") == "/sys/fs/cgroup"
     assert not _mounts(ds)["/host/sys/fs/cgroup"].get("readOnly")
+    # uid 0 makes their parent cgroup at each hierarchy's root (mode 0555); with MIG too
+    assert container(ds)["securityContext"]["capabilities"]["add"] == ["DAC_OVERRIDE"]
+    mig = _gpu_render(tmp_path, f"  migStrategy: single\n{sharing}")
+    assert container(mig)["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN", "DAC_OVERRIDE"]
     off = _gpu_render(
         tmp_path, f"  mpsRoot: /run/mps\n{sharing}", **{"nvidia.mpsOutlivesPod": "false"}
     )
     assert off["spec"]["template"]["spec"]["hostPID"] is True
     assert "/host/sys/fs/cgroup" not in _mounts(off)
     assert "--host-cgroup-root" not in container(off)["args"]
+    assert "add" not in container(off)["securityContext"]["capabilities"]
     hashes = {d["spec"]["template"]["metadata"]["annotations"]["kubedevice.io/args-hash"]
               for d in (ds, off)}  # fmt: skip
     assert len(hashes) == 2  # switching it rolls the pods

@@ -607,6 +607,7 @@ def test_gpu_driver_mps_adds_host_pid_compute_and_a_shared_dev_shm_only_when_ask
     assert "/dev/shm" not in [m["mountPath"] for m in container(plain)["volumeMounts"]]
     assert "/host/sys/fs/cgroup" not in [m["mountPath"] for m in container(plain)["volumeMounts"]]
     assert "--host-cgroup-root" not in container(plain)["args"]
+    assert "add" not in container(plain)["securityContext"]["capabilities"]
     docs = render(values={"dra.nvidia.enabled": "true", "dra.nvidia.mps": "true"})
     validate_all(docs)
     gpu = daemonset(docs, "dra-nvidia")
@@ -623,6 +624,9 @@ def test_gpu_driver_mps_adds_host_pid_compute_and_a_shared_dev_shm_only_when_ask
     [mount] = [m for m in container(gpu)["volumeMounts"] if m["mountPath"] == "/host/sys/fs/cgroup"]
     assert not mount.get("readOnly")
     assert _volumes(gpu)[mount["name"]]["hostPath"]["type"] == "Directory"
+    # uid 0 makes their parent cgroup at each hierarchy's root (mode 0555)
+    caps = container(gpu)["securityContext"]["capabilities"]
+    assert caps == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}
 
 
 def test_gpu_driver_mps_daemons_can_be_left_in_the_pod() -> None:
@@ -636,6 +640,7 @@ def test_gpu_driver_mps_daemons_can_be_left_in_the_pod() -> None:
     assert "--host-cgroup-root" not in container(gpu)["args"]
     assert "/host/sys/fs/cgroup" not in [m["mountPath"] for m in container(gpu)["volumeMounts"]]
     assert "host-cgroup" not in _volumes(gpu)
+    assert "add" not in container(gpu)["securityContext"]["capabilities"]
     before = daemonset(render(values=on), "dra-nvidia")
     hash_key = "kubedevice.io/args-hash"
     assert (

@@ -156,12 +156,18 @@ tolerations:
 
 {{/* The GPU pods' container security context: securityContext with the component's own
 (.own) merged over it, plus SYS_ADMIN when MIG is on (.mig), which NVML needs to read the
-MIG capability devices (as NVIDIA's chart). (dict "root" $ "own" map "mig" bool) */}}
+MIG capability devices (as NVIDIA's chart), and DAC_OVERRIDE when MPS daemons get cgroups of
+their own on the host (.cgroup): the root directory of a cgroup hierarchy is read-only
+(0555) even to uid 0 without it, and their parent cgroup is made there.
+(dict "root" $ "own" map "mig" bool "cgroup" bool) */}}
 {{- define "kubedevice.gpuSecurityContext" -}}
 {{- $sc := mergeOverwrite (deepCopy .root.Values.securityContext) (deepCopy (.own | default dict)) -}}
-{{- if .mig -}}
+{{- $add := list -}}
+{{- if .mig -}}{{- $add = append $add "SYS_ADMIN" -}}{{- end -}}
+{{- if .cgroup -}}{{- $add = append $add "DAC_OVERRIDE" -}}{{- end -}}
+{{- if $add -}}
 {{- $caps := deepCopy ($sc.capabilities | default dict) -}}
-{{- $_ := set $caps "add" (concat ($caps.add | default list) (list "SYS_ADMIN") | uniq) -}}
+{{- $_ := set $caps "add" (concat ($caps.add | default list) $add | uniq) -}}
 {{- $_ := set $sc "capabilities" $caps -}}
 {{- end -}}
 {{- toYaml $sc -}}
