@@ -26,7 +26,8 @@ from kubedevice.nvidia.config import Config, parse_config
 from kubedevice.nvidia.dra import GpuDraDriver
 from kubedevice.nvidia.fake import mps as fake_mps
 from kubedevice.nvidia.fake.mps import PID_FILE, read_state
-from kubedevice.nvidia.mps import CONTAINER_PIPE_DIR, MpsDaemons
+from kubedevice.nvidia.mps import MpsDaemons
+from kubedevice.nvidia.mpsclient import CONTAINER_PIPE_DIR
 
 from .conftest import alive
 

@@ -240,3 +240,25 @@ def test_a_thread_joins_the_hosts_cgroup_namespace_and_only_it(group: str) -> No
     assert all(line.endswith(":/") for line in before), before
     assert all(line.endswith(f"/{group}/container") for line in joined), joined
     assert after == before
+
+
+@needs_cgroups
+async def test_a_stopped_daemons_busy_cgroups_go_once_it_has(mps_root: Path) -> None:
+    """Cgroups still busy at the stop (with the daemon's process not quite gone: one that
+    is not the control program, here, so nothing asks it to quit) are removed once that
+    process is, not left behind."""
+    daemons = MpsDaemons(mps_root, _control_command(), cgroup_root=ROOT)
+    group = daemons.cgroup(UUID)
+    with subprocess.Popen(["sleep", "60"]) as lingering:
+        hostcgroup.move(ROOT, group, lingering.pid)
+        pipe = daemons.paths(UUID).pipe
+        pipe.mkdir(parents=True)
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{lingering.pid}\n")
+        await daemons.release(UUID, "claim-a")  # the last holder: the daemon is stopped
+        assert not pipe.exists()
+        assert all((h / group).exists() for h in hostcgroup.hierarchies(ROOT))
+        assert len(daemons._tasks) == 1
+        lingering.kill()
+        lingering.wait()
+    await asyncio.wait_for(asyncio.gather(*daemons._tasks), timeout=30)
+    assert not any((h / group).exists() for h in hostcgroup.hierarchies(ROOT))

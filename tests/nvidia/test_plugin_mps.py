@@ -20,7 +20,7 @@ from kubedevice.kubelet import Emulator
 from kubedevice.nvidia.config import Config, parse_config
 from kubedevice.nvidia.fake.mps import read_state
 from kubedevice.nvidia.labels import node_labels
-from kubedevice.nvidia.mps import CONTAINER_PIPE_DIR
+from kubedevice.nvidia.mpsclient import CONTAINER_PIPE_DIR
 from kubedevice.nvidia.mpsreplicas import HOLDER
 from kubedevice.nvidia.runner import GpuPlugins
 

@@ -89,21 +89,24 @@ def move(root: Path, group: str, pid: int) -> None:
         _move(found, group, pid)
 
 
-def remove(root: Path, group: str) -> None:
-    """Remove ``group``'s cgroups, deepest first, where they are empty (best effort: one
-    still holding a process, or gone already, is left)."""
+def remove(root: Path, group: str) -> bool:
+    """Remove ``group``'s cgroups, deepest first, where they are empty; whether none is left
+    (best effort: one still holding a process, a zombie not yet reaped included, stays)."""
     _check(group)
     try:
         found = hierarchies(root)
     except HostCgroupError:
-        return
+        return True
     parts = group.split("/")
     for hierarchy in found:
         for depth in range(len(parts), 0, -1):
             try:
                 (hierarchy / "/".join(parts[:depth])).rmdir()
+            except FileNotFoundError:
+                continue
             except OSError:
                 break
+    return not any((hierarchy / group).exists() for hierarchy in found)
 
 
 def member(pid: int, group: str) -> bool:

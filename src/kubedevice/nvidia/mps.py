@@ -36,45 +36,32 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
 
 from kubedevice.errors import ConfigError, KubeDeviceError
 from kubedevice.nvidia import hostcgroup
 from kubedevice.nvidia.backend import MpsControlProgram, NvmlBackend
 from kubedevice.nvidia.cdi import find_tool
+from kubedevice.nvidia.mpsclient import PIPE_ENV, MpsPaths
 
 __all__ = [
-    "ACTIVE_THREAD_ENV",
+    "CGROUP",
     "PID_FILE",
-    "PINNED_MEMORY_ENV",
-    "PIPE_ENV",
     "RESTART_ADVICE",
     "MpsDaemons",
     "MpsError",
-    "MpsPaths",
-    "client_env",
-    "client_mounts",
     "control_command",
-    "pinned_limit",
-    "replica_limits",
     "running_daemons",
-    "shm_source",
 ]
 
 log = logging.getLogger(__name__)
 
-PIPE_ENV: Final = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV: Final = "CUDA_MPS_LOG_DIRECTORY"
-PINNED_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-ACTIVE_THREAD_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 #: What the control daemon writes in its pipe directory.
 PID_FILE: Final = "nvidia-cuda-mps-control.pid"
-#: Where a client container finds the pipe directory (mounted from the host's).
-CONTAINER_PIPE_DIR: Final = "/run/nvidia-mps"
-_MIB: Final = 1 << 20
 _TOOL: Final = "nvidia-cuda-mps-control"
 #: The cgroup (in every hierarchy of the host) that holds the daemons, one each under it.
 CGROUP: Final = "kubedevice-mps"
@@ -87,37 +74,6 @@ RESTART_ADVICE: Final = (
 
 class MpsError(KubeDeviceError):
     """An MPS control daemon could not be started or stopped."""
-
-
-@dataclass(frozen=True, slots=True)
-class MpsPaths:
-    """A GPU's daemon directories on the host."""
-
-    pipe: Path
-    log: Path
-
-
-def pinned_limit(size: int) -> str:
-    """``size`` bytes as MPS takes a pinned memory limit: whole MiB (``20480M``).
-
-    Shares are whole MiB (their step is ``Mi`` or ``Gi``), so this is exact for them; a
-    size that is not is rounded down (a limit never above what was given).
-    """
-    return f"{size // _MIB}M"
-
-
-def client_env(paths: MpsPaths, memory: int | None, percent: int | None) -> dict[str, str]:
-    """The env of a container whose processes are clients of ``paths``' daemon.
-
-    The daemon serves one GPU, which its clients see as device ``0``: the memory limit is
-    ``0=<MiB>M``; the thread percentage is left out when ``percent`` is ``None`` (all SMs).
-    """
-    env = {PIPE_ENV: CONTAINER_PIPE_DIR}
-    if memory is not None:
-        env[PINNED_MEMORY_ENV] = f"0={pinned_limit(memory)}"
-    if percent is not None:
-        env[ACTIVE_THREAD_ENV] = str(percent)
-    return env
 
 
 _UUID_FILE: Final = "gpu-uuid"
@@ -169,34 +125,6 @@ def control_command(backend: NvmlBackend, driver_root: str) -> list[str]:
     )
 
 
-def shm_source(root: Path) -> str:
-    """The host directory client containers get as ``/dev/shm``: the one the daemon has.
-
-    ``<root>/shm`` when it is this process's ``/dev/shm`` (the chart mounts it there), else
-    ``/dev/shm`` (the driver runs on the host).
-    """
-    shm = root / "shm"
-    try:
-        if os.path.samefile(shm, "/dev/shm"):
-            return str(shm)
-    except OSError:
-        pass
-    return "/dev/shm"
-
-
-def client_mounts(paths: MpsPaths, shm: str) -> list[tuple[str, str]]:
-    """``(container path, host path)`` of a client's mounts: the pipe dir, ``/dev/shm``."""
-    return [(CONTAINER_PIPE_DIR, str(paths.pipe)), ("/dev/shm", shm)]
-
-
-def replica_limits(memory: int, replicas: int, count: int) -> tuple[int, int]:
-    """``(bytes, percent)`` of ``count`` of a GPU's ``replicas`` (``sharing.mps``): each
-    replica ``memory / replicas`` (whole MiB, rounded down) and ``100 / replicas`` percent
-    (rounded down, at least 1)."""
-    one = memory // replicas // _MIB * _MIB
-    return one * count, min(100, max(1, 100 // replicas) * count)
-
-
 def running_daemons(root: Path) -> list[int]:
     """The pids of the live control daemons under ``root`` (by their pid files), any program."""
     out = []
@@ -216,6 +144,11 @@ def _alive(pid: int, name: str) -> bool:
         return False
     state = stat.rsplit(")", 1)[-1].split()[:1]
     return state != ["Z"] and name.encode() in cmdline
+
+
+def _exists(pid: int) -> bool:
+    """Whether ``pid`` is a process, a zombie included (not yet reaped)."""
+    return os.path.exists(f"/proc/{pid}")
 
 
 def _read_pid(pipe: Path) -> int | None:
@@ -505,9 +438,7 @@ class MpsDaemons:
         if self._daemons.get(uuid) is not daemon:
             return
         del self._daemons[uuid]
-        task = asyncio.get_running_loop().create_task(self._restart(uuid, daemon.pid))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._restart(uuid, daemon.pid))
 
     async def _restart(self, uuid: str, pid: int) -> None:
         delay = 0.1
@@ -534,9 +465,33 @@ class MpsDaemons:
         daemon = self._daemons.pop(uuid, None)
         if daemon is not None:
             self._unwatch(daemon)
-        await asyncio.to_thread(self._stop_blocking, uuid, None if daemon is None else daemon.pid)
+        pid = None if daemon is None else daemon.pid
+        busy = await asyncio.to_thread(self._stop_blocking, uuid, pid)
+        if busy is not None:
+            self._spawn(self._remove_cgroup(uuid, busy))
 
-    def _stop_blocking(self, uuid: str, pid: int | None) -> None:
+    async def _remove_cgroup(self, uuid: str, pid: int) -> None:
+        """Remove a stopped daemon's cgroups, busy at its stop, once its process is gone
+        from ``/proc`` (reaped by the host's init, its parent after its driver's container
+        went; nothing tells us when, so ``/proc`` is looked at every 50 ms, for 30 s at
+        most), unless a daemon runs for the GPU again by then."""
+        assert self.cgroup_root is not None
+        for _ in range(600):
+            if not _exists(pid):
+                break
+            await asyncio.sleep(0.05)
+        async with self._lock(uuid):
+            if uuid not in self._daemons:
+                await asyncio.to_thread(hostcgroup.remove, self.cgroup_root, self.cgroup(uuid))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _stop_blocking(self, uuid: str, pid: int | None) -> int | None:
+        """Stop the GPU's daemon (blocking); its pid when its cgroups are still busy (its
+        process not quite gone), else ``None``."""
         paths = self.paths(uuid)
         if pid is None:
             pid = _read_pid(paths.pipe)
@@ -558,8 +513,9 @@ class MpsDaemons:
         for name in (_UUID_FILE, _BOOT_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (paths.pipe.parent / name).unlink()
-        if self.cgroup_root is not None:
-            hostcgroup.remove(self.cgroup_root, self.cgroup(uuid))
+        if self.cgroup_root is None or hostcgroup.remove(self.cgroup_root, self.cgroup(uuid)):
+            return None
+        return pid
 
 
 def _run(

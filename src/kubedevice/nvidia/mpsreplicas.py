@@ -38,11 +38,10 @@ from typing import Final
 from kubedevice.nvidia.backend import NvmlBackend
 from kubedevice.nvidia.config import GPU_RESOURCE, Config
 from kubedevice.nvidia.devices import GpuUnit, Inventory
-from kubedevice.nvidia.mps import (
-    MpsDaemons,
+from kubedevice.nvidia.mps import MpsDaemons, control_command
+from kubedevice.nvidia.mpsclient import (
     client_env,
     client_mounts,
-    control_command,
     pinned_limit,
     replica_limits,
     shm_source,

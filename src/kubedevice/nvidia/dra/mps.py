@@ -29,14 +29,8 @@ from kubedevice.dra.model.capacity import quantity_value
 from kubedevice.dra.model.types import AllocatedDevice, Claim, PreparedClaim
 from kubedevice.errors import ConfigError
 from kubedevice.nvidia.dra.shares import share_bytes
-from kubedevice.nvidia.mps import (
-    MpsDaemons,
-    MpsError,
-    MpsPaths,
-    client_env,
-    client_mounts,
-    shm_source,
-)
+from kubedevice.nvidia.mps import MpsDaemons, MpsError
+from kubedevice.nvidia.mpsclient import MpsPaths, client_env, client_mounts, shm_source
 
 __all__ = [
     "COMPUTE",
