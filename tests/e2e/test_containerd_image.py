@@ -27,7 +27,8 @@ from deploy.render import by_kind, daemonset, render
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubedevice.nvidia.mps import running_daemons
+from kubedevice.nvidia import hostcgroup
+from kubedevice.nvidia.mps import CGROUP, running_daemons
 
 from .cluster import NODE, Cluster, ClusterError, poll_until, wait_for
 from .conftest import GPU, IMAGE, cluster_on
@@ -287,6 +288,12 @@ def _gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
+def _mps_cgroups() -> list[Path]:
+    """The MPS daemons' cgroups on this host (``kubedevice-mps/<key>``, every hierarchy)."""
+    root = Path("/sys/fs/cgroup")
+    return [p for h in hostcgroup.hierarchies(root) for p in (h / CGROUP).glob("*/")]
+
+
 def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
     cluster: Cluster, ns: str, image: str
 ) -> None:
@@ -363,6 +370,8 @@ def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
                 poll_until("the daemon gone", lambda: not running_daemons(root), 30)
                 assert _gone(pid)  # quit, not only its pid file removed
                 marks.append(("daemon gone", time.monotonic()))
+                poll_until("its cgroups removed", lambda: not _mps_cgroups(), 35)
+                marks.append(("cgroups removed", time.monotonic()))
         finally:
             for name in ("a", "b"):  # unprepared while the driver runs
                 with contextlib.suppress(ApiException, ClusterError):

@@ -88,12 +88,14 @@ def test_a_process_is_moved_in_every_hierarchy_and_the_cgroups_removed(group: st
         assert all(line.endswith("/" + inner) for line in lines), lines
         assert hostcgroup.member(sleeper.pid, inner)
         hostcgroup.move(ROOT, inner, sleeper.pid)  # again: nothing changes, nothing fails
-        hostcgroup.remove(ROOT, inner)  # it holds a process: left as it is
+        left = hostcgroup.remove(ROOT, inner)  # it holds a process: left as it is
+        assert len(left) == len(hostcgroup.hierarchies(ROOT)), left
+        assert all(line.endswith(": Device or resource busy") for line in left), left
         assert all(line.endswith("/" + inner) for line in _lines(sleeper.pid))
     finally:
         sleeper.kill()
         sleeper.wait()
-    hostcgroup.remove(ROOT, f"{group}/x")
+    assert hostcgroup.remove(ROOT, f"{group}/x") == []
     for hierarchy in hostcgroup.hierarchies(ROOT):
         assert not (hierarchy / group).exists(), hierarchy
 

@@ -89,24 +89,28 @@ def move(root: Path, group: str, pid: int) -> None:
         _move(found, group, pid)
 
 
-def remove(root: Path, group: str) -> bool:
-    """Remove ``group``'s cgroups, deepest first, where they are empty; whether none is left
-    (best effort: one still holding a process, a zombie not yet reaped included, stays)."""
+def remove(root: Path, group: str) -> list[str]:
+    """Remove ``group``'s cgroups, deepest first, where they are empty; what is left, as
+    ``<path>: <why>`` (best effort: one still holding a process stays)."""
     _check(group)
     try:
         found = hierarchies(root)
     except HostCgroupError:
-        return True
+        return []
     parts = group.split("/")
+    left = []
     for hierarchy in found:
         for depth in range(len(parts), 0, -1):
+            path = hierarchy / "/".join(parts[:depth])
             try:
-                (hierarchy / "/".join(parts[:depth])).rmdir()
+                path.rmdir()
             except FileNotFoundError:
                 continue
-            except OSError:
+            except OSError as exc:
+                if depth == len(parts):  # the group itself (its parents may hold others)
+                    left.append(f"{path}: {exc.strerror}")
                 break
-    return not any((hierarchy / group).exists() for hierarchy in found)
+    return left
 
 
 def member(pid: int, group: str) -> bool:

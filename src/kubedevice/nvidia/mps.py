@@ -481,8 +481,11 @@ class MpsDaemons:
                 break
             await asyncio.sleep(0.05)
         async with self._lock(uuid):
-            if uuid not in self._daemons:
-                await asyncio.to_thread(hostcgroup.remove, self.cgroup_root, self.cgroup(uuid))
+            if uuid in self._daemons:
+                return
+            left = await asyncio.to_thread(hostcgroup.remove, self.cgroup_root, self.cgroup(uuid))
+        if left:
+            log.warning("MPS control daemon of %s: cgroups left: %s", uuid, "; ".join(left))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -513,9 +516,12 @@ class MpsDaemons:
         for name in (_UUID_FILE, _BOOT_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (paths.pipe.parent / name).unlink()
-        if self.cgroup_root is None or hostcgroup.remove(self.cgroup_root, self.cgroup(uuid)):
+        if self.cgroup_root is None:
             return None
-        return pid
+        left = hostcgroup.remove(self.cgroup_root, self.cgroup(uuid))
+        if left:
+            log.debug("MPS control daemon of %s: cgroups busy at its stop: %s", uuid, left)
+        return pid if left else None
 
 
 def _run(
