@@ -264,3 +264,37 @@ async def test_a_stopped_daemons_busy_cgroups_go_once_it_has(mps_root: Path) -> 
         lingering.wait()
     await asyncio.wait_for(asyncio.gather(*daemons._tasks), timeout=30)
     assert not any((h / group).exists() for h in hostcgroup.hierarchies(ROOT))
+
+
+@pytest.mark.parametrize("half", ["dra", "plugin"])
+def test_a_host_cgroup_root_without_cgroups_is_refused_naming_the_flag(
+    half: str, tmp_path: Path
+) -> None:
+    """The GPU DRA driver with --mps and the device plugin with sharing.mps: one line naming
+    the flag, exit 2 (a real process of the CLI)."""
+    empty = tmp_path / "cgroup"
+    empty.mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n"
+        "      - {name: nvidia.com/gpu, replicas: 4}\n"
+    )
+    common = ["--nvml", "fake:one-gpu-80gib", "--host-cgroup-root", str(empty)]
+    if half == "dra":
+        args = ["nvidia", "dra", *common, "--mps", "--node-name", "n1", "--kubelet-dir",
+                str(tmp_path / "kubelet"), "--kubeconfig", str(tmp_path / "no")]  # fmt: skip
+    else:
+        (tmp_path / "dp").mkdir()
+        args = ["nvidia", "run", *common, "--config", str(config),
+                "--device-plugin-dir", str(tmp_path / "dp"), "--features-dir", ""]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    got = subprocess.run(
+        [sys.executable, "-m", "kubedevice", *args],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert got.returncode == 2, got.stderr
+    last = got.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"error: flags.hostCgroupRoot (--host-cgroup-root): {empty} holds no cgroup hierarchy "
+        "(no cgroup.procs there or in its directories): mount the host's /sys/fs/cgroup there"
+    )

@@ -179,6 +179,9 @@ class MpsDaemons:
             is moved into ``kubedevice-mps/<key>`` there, out of this process's cgroup, so it
             outlives this container. ``None``: it stays in this process's cgroup.
         advice: What a fault's message tells the user to do, and when it clears.
+
+    Raises:
+        ConfigError: ``cgroup_root`` holds no cgroup hierarchy.
     """
 
     def __init__(
@@ -196,6 +199,11 @@ class MpsDaemons:
         self.advice = advice
         self.root = root
         self.cgroup_root = None if cgroup_root is None else Path(cgroup_root)
+        if self.cgroup_root is not None:
+            try:
+                hostcgroup.hierarchies(self.cgroup_root)
+            except hostcgroup.HostCgroupError as exc:
+                raise ConfigError(f"flags.hostCgroupRoot (--host-cgroup-root): {exc}") from exc
         self.command = list(command)
         self._name = Path(self.command[-1]).name
         self._on_change = on_change
