@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ class KubeletDouble:
         self.dial_back = dial_back
         self.accept = accept
         self.registrations: list[Registration] = []
+        #: Called in each accepted Register, before the answer.
+        self.on_register: Callable[[], None] = lambda: None
         self.clients: dict[str, _Client] = {}
         self.changed = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
@@ -132,6 +135,7 @@ class KubeletDouble:
         async with self.changed:
             self.registrations.append(Registration(request, options, first_list))
             self.changed.notify_all()
+        self.on_register()
         return dp.Empty()
 
     async def _read(self, resource: str, client: _Client) -> None:

@@ -278,6 +278,34 @@ async def test_kubelet_socket_recreated_only(
     assert len(await kubelet.wait_registrations(2)) == 2
 
 
+async def test_a_kubelet_sock_replaced_during_the_register_is_not_a_second_kubelet(
+    kubelet: KubeletDouble, server: kubedevice.PluginServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As when a kubelet starts: the plugin reads the dead kubelet's stale kubelet.sock, the
+    starting kubelet replaces it and answers the Register. The kubelet.sock there after the
+    call is the one registered with, not a kubelet that came since (one Register, not two:
+    a second one makes the kubelet drop the first stream and mark every device Unhealthy)."""
+    sock = kubelet.socket
+
+    def replaced() -> None:  # the identity read before the call is no longer there
+        st = sock.stat()
+        os.utime(sock, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+    kubelet.on_register = replaced
+    await server.add(StaticPlugin(devs(1)))
+    await server.wait_registered(RES, timeout=10)
+    # the check after the call runs before the registration is seen here
+    assert not [r for r in caplog.records if "re-created" in r.getMessage()]
+    assert server.registered(RES).is_set()
+    kubelet.on_register = lambda: None
+    # a later re-creation is still one: registered again
+    await kubelet.stop()
+    await kubelet.start()
+    await server.wait_registered(RES, count=2, timeout=10)
+    regs = await kubelet.wait_registrations(2)
+    assert len(regs) == 2, regs
+
+
 async def test_waits_for_missing_kubelet(sock_dir: Path, server: kubedevice.PluginServer) -> None:
     with log_event("waiting for the kubelet socket") as waiting:
         await server.add(StaticPlugin(devs(1)))

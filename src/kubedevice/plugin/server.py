@@ -345,7 +345,11 @@ class _Runtime:
                 await self._wait(self._kubelet_changed, delay)
                 continue
             backoff.reset()
-            self._kubelet_ino = ino
+            # The kubelet.sock that answered: the one there now. The one read before the
+            # call may be a dead kubelet's, replaced by the starting kubelet that answered
+            # (kept, the check below would take the new one for another restart and
+            # register twice). A kubelet that restarts during the call wipes our socket.
+            self._kubelet_ino = socket_identity(self.kubelet_socket) or ino
             self._phase = _Phase.REGISTERED
             self.count += 1
             self.registered.set()
