@@ -165,6 +165,14 @@ def test_health_and_xid_counter(fake: FakeNvml) -> None:
     m.record_xid(gpus[2].uuid, 79)
     m.record_xid(gpus[2].uuid, 48)
     assert _value(reg, "healthy", **lv) == 0
+    # a GPU whose MPS daemon died (sharing.mps) is unhealthy too, whatever NVML says
+    l3 = {**lv, "gpu": "3", "uuid": gpus[3].uuid}
+    m.set_mps_faults({gpus[3].uuid})
+    assert _value(reg, "healthy", **l3) == 0
+    m.set_health(gpus[3].uuid, True)
+    assert _value(reg, "healthy", **l3) == 0
+    m.set_mps_faults(())
+    assert _value(reg, "healthy", **l3) == 1
     xl = {"gpu": "2", "uuid": gpus[2].uuid}
     assert _value(reg, "xid_errors_total", xid="79", **xl) == 2
     assert _value(reg, "xid_errors_total", xid="48", **xl) == 1

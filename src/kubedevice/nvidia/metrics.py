@@ -82,6 +82,7 @@ class GpuMetrics(Collector):
         self._lock = threading.Lock()
         self._sweep_lock = threading.Lock()
         self._health: dict[str, bool] = {}
+        self._mps_faults: frozenset[str] = frozenset()
         self._xids: dict[tuple[str, str], int] = {}
         self._last_sweep: float | None = None
         self._samples: dict[str, GpuSample | None] = {}
@@ -97,6 +98,12 @@ class GpuMetrics(Collector):
         """Record a GPU's health (reported as 1/0)."""
         with self._lock:
             self._health[uuid] = healthy
+
+    def set_mps_faults(self, uuids: Collection[str]) -> None:
+        """The GPUs whose MPS daemon died (``sharing.mps``): reported unhealthy too, whatever
+        NVML says, until the fault clears."""
+        with self._lock:
+            self._mps_faults = frozenset(uuids)
 
     def record_xid(self, uuid: str, xid: int) -> None:
         """Count one XID of a GPU (or a MIG device's parent: pass the GPU's UUID).
@@ -145,6 +152,7 @@ class GpuMetrics(Collector):
             samples = dict(self._samples)
             by_gpu = {k: list(v) for k, v in self._holders.items()}
             health = dict(self._health)
+            health.update(dict.fromkeys(self._mps_faults, False))
             xids = dict(self._xids)
         return self._families(gpus, samples, by_gpu, health, xids)
 

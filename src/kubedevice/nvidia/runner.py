@@ -165,7 +165,7 @@ class GpuPlugins(PluginDaemon):
         self._device_gpu: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
-        self.mps = ReplicaMps(backend, self._health_changed)
+        self.mps = ReplicaMps(backend, self._mps_changed)
         """``sharing.mps``: the MPS control daemons of the shared GPUs (a GPU whose daemon
         died has its replicas Unhealthy: :meth:`ReplicaMps.fault`)."""
         self._mps_on = False
@@ -430,12 +430,19 @@ class GpuPlugins(PluginDaemon):
         if self.health is not None:
             for gpu in self.hardware.gpus:
                 self._gpu_metrics.set_health(gpu.uuid, self.health.healthy(gpu.uuid))
+        self._gpu_metrics.set_mps_faults(self.mps.faults())
         if self._monitor is not None:
             self._monitor.sink = self._gpu_metrics
 
     def _health_changed(self) -> None:
         for plugin in self._plugins.values():
             plugin.refresh()
+
+    def _mps_changed(self) -> None:
+        """A GPU's MPS daemon died, or the fault cleared: its replicas and its gauge."""
+        if self._gpu_metrics is not None:
+            self._gpu_metrics.set_mps_faults(self.mps.faults())
+        self._health_changed()
 
     # ----------------------------------------------------------------- reload
 
