@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -89,6 +90,22 @@ def mps_root(tmp_path: Path) -> Iterator[Path]:
     for pid_file in root.glob(f"*/pipe/{PID_FILE}"):
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+async def exited(pid: int, timeout: float = 10.0) -> None:
+    """Wait until ``pid`` has ended (its pidfd turns readable: an event, not a poll)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+    try:
+        await asyncio.wait_for(ended, timeout)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def alive(pid: int) -> bool:

@@ -29,7 +29,7 @@ from kubedevice.nvidia.fake.mps import PID_FILE, read_state
 from kubedevice.nvidia.mps import MpsDaemons
 from kubedevice.nvidia.mpsclient import CONTAINER_PIPE_DIR
 
-from .conftest import alive
+from .conftest import alive, exited
 
 GIB = 1 << 30
 FAKE_MPS = [sys.executable, "-S", str(Path(fake_mps.__file__))]
@@ -104,14 +104,6 @@ async def _running(
         await gen.aclose()
 
 
-async def _wait(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def _held_then_killed(host: Any, root: Path) -> tuple[list[PreparedClaim], int]:
     """A share prepared by a driver that then stops; its daemon killed while none runs."""
     async with _running(host, root) as run:
@@ -119,7 +111,7 @@ async def _held_then_killed(host: Any, root: Path) -> tuple[list[PreparedClaim],
         pid = run.mps.pid(run.uuid)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    await _wait(lambda: not alive(pid), "the daemon to die")
+    await exited(pid)
     return held, pid
 
 
@@ -196,7 +188,7 @@ async def test_first_prepare_starts_the_last_unprepare_stops(gpu_host: Any, mps_
             assert run.mps.pid(run.uuid) == pid  # shares remain: the same daemon
         await run.driver.unprepare(done[2])
         assert run.mps.pid(run.uuid) is None
-        await _wait(lambda: not alive(pid), "the daemon to exit")
+        await exited(pid)
         assert not run.mps.paths(run.uuid).pipe.exists()
         log = (run.mps.paths(run.uuid).log / "control.log").read_text()
         assert "command: quit" in log  # stopped as NVIDIA documents, not killed
@@ -215,12 +207,12 @@ async def test_a_killed_daemon_is_restarted_and_the_gpu_reports_it(
         assert bad.fault is not None
         assert bad.fault.kind == "mps-daemon"
         assert f"(pid {pid}) died" in bad.fault.message
-        await _wait(lambda: run.mps.pid(run.uuid) not in (None, pid), "a new daemon")
+        # a share prepared now waits for the restart under way, then joins the new daemon
+        [after] = await run.hold("u2")
         new = run.mps.pid(run.uuid)
+        assert new not in (None, pid)
         assert new is not None
         assert alive(new)
-        [after] = await run.hold("u2")  # a share prepared after the restart joins it
-        assert run.mps.pid(run.uuid) == new
         # healthy again once the shares that lost their server are gone
         await run.driver.unprepare(held)
         assert (await run.next())["gpu-0"].health == Health.HEALTHY
@@ -243,14 +235,14 @@ async def test_a_restarted_driver_adopts_the_daemon_or_stops_it(
         assert run.devices["gpu-0"].health == Health.HEALTHY
         for claim in held:
             await run.driver.unprepare(claim)
-        await _wait(lambda: not alive(pid), "the adopted daemon to stop")
+        await exited(pid)
     # a daemon no claim holds (its claims unprepared while no driver ran) is stopped at start
     async with _running(host, mps_root) as run:
         await run.hold("u9")
         orphan = run.mps.pid(run.uuid)
     assert orphan is not None
     async with _running(host, mps_root, restore=[]) as run:
-        await _wait(lambda: not alive(orphan), "the orphan daemon to stop")
+        await exited(orphan)
         assert run.mps.pid(run.uuid) is None
 
 
