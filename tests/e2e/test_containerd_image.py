@@ -3,7 +3,8 @@
 run by the chart's DaemonSets on the real runtime: the daemon inside registers with the kubelet
 through the hostPath it mounts, the DRA drivers publish their slices from inside, and the
 chart's security context holds (read-only root, no capabilities, dumb-init as pid 1). With
-``dra.nvidia.mps`` the GPU's MPS control daemon outlives a rollout of the driver's pod.
+``dra.nvidia.mps``, and with the GPU plugin's ``sharing.mps``, the GPU's MPS control daemon
+outlives a rollout of the driver's or the plugin's pod.
 
 Two things stand in for a real node's: the GPU components run the fake NVML
 (``KUBEDEVICE_NVML=fake:dgx-8gpu`` added to their env, real char nodes for its /dev/nvidia*),
@@ -42,7 +43,7 @@ from .dra import (
     wait_pod_gone,
     wait_slices,
 )
-from .real import Seen, claim_show_pod, real_nvidia_nodes, run_holding
+from .real import Seen, claim_show_pod, real_nvidia_nodes, run_holding, show_pod
 from .runtime import container_output
 
 pytestmark = [pytest.mark.containerd, pytest.mark.timeout(600)]
@@ -381,3 +382,121 @@ def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
                     os.kill(left, signal.SIGKILL)
     steps = ", ".join(f"{w} {t - marks[0][1]:.1f}s" for w, t in marks[1:])
     print(f"MPS rollout timings: {steps}")
+
+
+#: the GPU plugin's config with ``sharing.mps`` (``{root}``: its ``flags.mpsRoot``)
+MPS_PLUGIN_CONFIG = """\
+version: v1
+flags:
+  migStrategy: none
+  failOnInitError: true
+  deviceListStrategy: envvar
+  deviceIDStrategy: uuid
+  mpsRoot: {root}
+sharing:
+  mps:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+"""
+
+
+@contextlib.contextmanager
+def _no_mps_left(cluster: Cluster, ns: str, ds: dict[str, Any], root: Path) -> Iterator[None]:
+    """On the way out, once the DaemonSet's pods are gone: end the MPS daemons the plugin
+    left running (it leaves them for the pods that use them) and remove their cgroups."""
+    try:
+        yield
+    finally:
+        selector = ",".join(f"{k}={v}" for k, v in ds["spec"]["selector"]["matchLabels"].items())
+        with contextlib.suppress(ClusterError):  # else its supervisor would restart them
+            poll_until(
+                "the plugin's pods gone",
+                lambda: not cluster.core.list_namespaced_pod(ns, label_selector=selector).items,
+                60,
+            )
+        groups = _mps_cgroups()
+        pids = {int(p) for g in groups for p in (g / "cgroup.procs").read_text().split()}
+        for pid in pids | set(running_daemons(root)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ClusterError):
+            poll_until("the MPS daemons ended", lambda: all(_gone(p) for p in pids), 15)
+        for key in {g.name for g in groups}:
+            hostcgroup.remove(Path("/sys/fs/cgroup"), f"{CGROUP}/{key}")
+
+
+def test_gpu_plugin_mps_daemon_outlives_a_rollout_of_the_plugin(
+    cluster: Cluster, ns: str, image: str
+) -> None:
+    """The chart's GPU plugin with sharing.mps (nvidia.mpsOutlivesPod, the default): a pod
+    given one replica of nvidia.com/gpu sees its MPS env and its GPU's control daemon; a
+    rollout of the plugin's pod leaves that daemon running (same pid, in a cgroup of its own
+    on the host), the new pod adopts it, the holding pod keeps running and every replica is
+    Healthy (no MPS fault)."""
+    root = cluster.workdir / "mps"
+    config = cluster.workdir / "nvidia-mps.yaml"
+    config.write_text(MPS_PLUGIN_CONFIG.format(root=root))
+    docs = render(
+        namespace=ns,
+        values={"nvidia.enabled": "true", "generic.enabled": "false", **_values(cluster)},
+        set_files={"nvidia.config": config},
+    )
+    gpu = daemonset(docs, "nvidia")
+    _with_env(gpu, FAKE_NVML)
+    from kubedevice.nvidia.fake import FakeNvml
+
+    machine = FakeNvml.from_file("dgx-8gpu")
+    try:
+        mib = {g.info.uuid: g.info.memory_total // 4 // 2**20 for g in machine.machine.gpus}
+    finally:
+        machine.close()
+    apps = client.AppsV1Api(cluster.api)
+    roll = {"spec": {"template": {"metadata": {"annotations": {"kubedevice.io/roll": "1"}}}}}
+    marks = [("start", time.monotonic())]
+    with (
+        real_nvidia_nodes(_fake_nodes()),
+        _node_label(cluster, GPU_LABEL),
+        _no_mps_left(cluster, ns, gpu, root),
+        _chart(cluster, ns, docs),
+    ):
+        old = _running(cluster, ns, gpu)
+        with _logs_on_failure(ns, old):
+            cluster.wait_resource(GPU, capacity=32, allocatable=32, timeout=60)
+            marks.append(("plugin up", time.monotonic()))
+            pod = show_pod("a", {GPU: 1}, extra=MPS_LOOK, keep_running=True)
+            seen = run_holding(cluster, ns, [pod])["a"]
+            uuid = seen.env["NVIDIA_VISIBLE_DEVICES"]
+            assert seen.env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps", seen.output
+            assert seen.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mib[uuid]}M"
+            assert seen.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+            pid = int(_mps_pid(seen))
+            daemons = running_daemons(root)
+            assert len(daemons) == 8, daemons  # one per GPU
+            assert pid in daemons, (pid, daemons)
+            [key] = [f.parent.parent.name for f in root.glob("*/pipe/*.pid")
+                     if f.read_text().strip() == str(pid)]  # fmt: skip
+            a_pod = cluster.core.read_namespaced_pod("a", ns)
+            marks.append(("replica runs", time.monotonic()))
+            apps.patch_namespaced_daemon_set(gpu["metadata"]["name"], ns, roll)
+            new = _running(cluster, ns, gpu, but=old.metadata.name)
+            wait_pod_gone(cluster, ns, old.metadata.name, 60)
+            marks.append(("rolled", time.monotonic()))
+        with _logs_on_failure(ns, new):
+            assert not _gone(pid), f"the MPS daemon (pid {pid}) ended with the old plugin's pod"
+            assert pid in running_daemons(root), running_daemons(root)
+            assert hostcgroup.member(pid, f"{CGROUP}/{key}")
+            assert key in {g.name for g in _mps_cgroups()}
+            held = cluster.core.read_namespaced_pod("a", ns)
+            assert held.status.phase == "Running"
+            assert held.metadata.uid == a_pod.metadata.uid
+            [status] = held.status.container_statuses
+            assert status.restart_count == 0
+            assert status.state.running is not None
+            # every replica Healthy: the new pod adopted the daemons, no MPS fault
+            cluster.wait_resource(GPU, capacity=32, allocatable=32, timeout=30)
+            assert not _gone(pid)
+            marks.append(("checked", time.monotonic()))
+            delete_pod(cluster, ns, "a")
+    steps = ", ".join(f"{w} {t - marks[0][1]:.1f}s" for w, t in marks[1:])
+    print(f"plugin MPS rollout timings: {steps}")
