@@ -26,6 +26,7 @@ from kubedevice.nvidia.config import Config, parse_config
 from kubedevice.nvidia.dra import GpuDraDriver
 from kubedevice.nvidia.fake import mps as fake_mps
 from kubedevice.nvidia.fake.mps import PID_FILE, read_state
+from kubedevice.nvidia.fake.nvml import FakeNvml
 from kubedevice.nvidia.mps import MpsDaemons
 from kubedevice.nvidia.mpsclient import CONTAINER_PIPE_DIR
 
@@ -364,3 +365,28 @@ async def test_after_a_reboot_the_daemon_is_started_again_and_the_gpu_stays_heal
         assert (
             boot.read_text().strip() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         )
+
+
+async def test_a_hold_cut_off_while_the_daemon_starts_leaves_it_known(mps_root: Path) -> None:
+    """A prepare cut off (a deadline, SIGTERM) while the daemon's start runs in its thread:
+    the daemon the thread started is watched, and the GPU's last release stops it (before,
+    the supervisor knew no daemon while one ran)."""
+    fake = FakeNvml.from_file("one-gpu-80gib")
+    try:
+        daemons = MpsDaemons(mps_root, fake.mps_control_command())
+    finally:
+        fake.close()
+    uuid = "GPU-00000000-0000-4000-8000-0000000000c1"
+    hold = asyncio.ensure_future(daemons.hold(uuid, "claim-a"))
+    while not daemons.paths(uuid).pipe.exists():  # the thread has begun the start
+        await asyncio.sleep(0)
+    hold.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hold
+    pid = daemons.pid(uuid)
+    assert pid is not None
+    assert alive(pid)
+    assert daemons.holders(uuid) == frozenset()
+    await daemons.release(uuid, "claim-a")  # the cut-off prepare's unprepare
+    await exited(pid)
+    assert daemons.pid(uuid) is None

@@ -353,7 +353,17 @@ class MpsDaemons:
         return env
 
     async def _start(self, uuid: str) -> None:
-        pid = await asyncio.to_thread(self._start_blocking, uuid)
+        """Start the GPU's daemon (in a thread) and watch it. Cut off (a deadline, SIGTERM),
+        it still waits for the thread, under the GPU's lock, and watches what it started:
+        the daemon is known to this supervisor (its last release stops it), never left
+        running unknown."""
+        started = asyncio.ensure_future(asyncio.to_thread(self._start_blocking, uuid))
+        try:
+            pid = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            with contextlib.suppress(MpsError, OSError):
+                self._watch(uuid, await started)
+            raise
         self._watch(uuid, pid)
 
     def _start_blocking(self, uuid: str) -> int:
