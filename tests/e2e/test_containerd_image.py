@@ -295,6 +295,25 @@ def _mps_cgroups() -> list[Path]:
     return [p for h in hostcgroup.hierarchies(root) for p in (h / CGROUP).glob("*/")]
 
 
+def _roll(cluster: Cluster, ns: str, ds: dict[str, Any], patch: Any, old: Any) -> Any:
+    """Roll the DaemonSet (``patch`` its template): its new pod Running and ready beside the
+    old one (maxSurge 1), then the old one gone; the new pod."""
+    client.AppsV1Api(cluster.api).patch_namespaced_daemon_set(ds["metadata"]["name"], ns, patch)
+    new = _running(cluster, ns, ds, but=old.metadata.name)
+    wait_pod_gone(cluster, ns, old.metadata.name, 60)
+    return new
+
+
+def _still_running(cluster: Cluster, ns: str, before: Any) -> None:
+    """The pod ``before`` is the same pod, Running, its container never restarted."""
+    held = cluster.core.read_namespaced_pod(before.metadata.name, ns)
+    assert held.metadata.uid == before.metadata.uid
+    assert held.status.phase == "Running"
+    [status] = held.status.container_statuses
+    assert status.restart_count == 0
+    assert status.state.running is not None
+
+
 def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
     cluster: Cluster, ns: str, image: str
 ) -> None:
@@ -320,7 +339,6 @@ def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
     # the upgrade: another metrics port (on the host's network two pods cannot share one)
     upgrade = [{"op": "replace", "path": "/spec/template",
                 "value": daemonset(driver(9483), "dra-nvidia")["spec"]["template"]}]  # fmt: skip
-    apps = client.AppsV1Api(cluster.api)
     marks = [("start", time.monotonic())]
     index0 = f'device.driver == "{DRA_GPU}" && device.attributes["{DRA_GPU}"].index == 0'
     with (
@@ -342,10 +360,7 @@ def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
                 assert _mps_pid(a["a"]) == str(pid), a["a"].output
                 a_pod = cluster.core.read_namespaced_pod("a", ns)
                 marks.append(("share a runs", time.monotonic()))
-                # the rollout: a new pod beside the old one (maxSurge 1), then the old one goes
-                apps.patch_namespaced_daemon_set(gpu["metadata"]["name"], ns, upgrade)
-                new = _running(cluster, ns, gpu, but=old.metadata.name)
-                wait_pod_gone(cluster, ns, old.metadata.name, 60)
+                new = _roll(cluster, ns, gpu, upgrade, old)
                 marks.append(("rolled", time.monotonic()))
             with _logs_on_failure(ns, new):
                 poll_until("a live MPS daemon", lambda: bool(running_daemons(root)), 15)
@@ -354,12 +369,7 @@ def test_dra_mps_daemon_outlives_a_rollout_of_the_driver(
                     f"the MPS daemon (pid {pid}) did not outlive the old driver's pod: now {now}"
                 )
                 assert not slice_devices(cluster, DRA_GPU)["gpu-0"].taints
-                held = cluster.core.read_namespaced_pod("a", ns)
-                assert held.status.phase == "Running"
-                assert held.metadata.uid == a_pod.metadata.uid
-                [status] = held.status.container_statuses
-                assert status.restart_count == 0
-                assert status.state.running is not None
+                _still_running(cluster, ns, a_pod)
                 b = run_holding(cluster, ns, [claim_show_pod("b", template="mem", extra=MPS_LOOK)])
                 assert _mps_pid(b["b"]) == str(pid), b["b"].output
                 for name in ("a", "b"):
@@ -451,7 +461,6 @@ def test_gpu_plugin_mps_daemon_outlives_a_rollout_of_the_plugin(
         mib = {g.info.uuid: g.info.memory_total // 4 // 2**20 for g in machine.machine.gpus}
     finally:
         machine.close()
-    apps = client.AppsV1Api(cluster.api)
     roll = {"spec": {"template": {"metadata": {"annotations": {"kubedevice.io/roll": "1"}}}}}
     marks = [("start", time.monotonic())]
     with (
@@ -478,21 +487,14 @@ def test_gpu_plugin_mps_daemon_outlives_a_rollout_of_the_plugin(
                      if f.read_text().strip() == str(pid)]  # fmt: skip
             a_pod = cluster.core.read_namespaced_pod("a", ns)
             marks.append(("replica runs", time.monotonic()))
-            apps.patch_namespaced_daemon_set(gpu["metadata"]["name"], ns, roll)
-            new = _running(cluster, ns, gpu, but=old.metadata.name)
-            wait_pod_gone(cluster, ns, old.metadata.name, 60)
+            new = _roll(cluster, ns, gpu, roll, old)
             marks.append(("rolled", time.monotonic()))
         with _logs_on_failure(ns, new):
             assert not _gone(pid), f"the MPS daemon (pid {pid}) ended with the old plugin's pod"
             assert pid in running_daemons(root), running_daemons(root)
             assert hostcgroup.member(pid, f"{CGROUP}/{key}")
             assert key in {g.name for g in _mps_cgroups()}
-            held = cluster.core.read_namespaced_pod("a", ns)
-            assert held.status.phase == "Running"
-            assert held.metadata.uid == a_pod.metadata.uid
-            [status] = held.status.container_statuses
-            assert status.restart_count == 0
-            assert status.state.running is not None
+            _still_running(cluster, ns, a_pod)
             # every replica Healthy: the new pod adopted the daemons, no MPS fault
             cluster.wait_resource(GPU, capacity=32, allocatable=32, timeout=30)
             assert not _gone(pid)
